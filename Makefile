@@ -1,0 +1,31 @@
+# One-word entry points. Each target sets itself up: a .venv with the CPU build of
+# torch (installed first, so nothing pulls a CUDA build), then the project with its extras.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.forksight-installed
+TORCH   ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test bench clean lint
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip show torch >/dev/null 2>&1 || $(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[trl,dev]'
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/forksight demo
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .forksight build *.egg-info

@@ -1,0 +1,1 @@
+"""forksight.dashboard: the Dash app served by the collector at `/`."""

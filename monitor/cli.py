@@ -1,0 +1,50 @@
+"""The `forksight` command: one dispatcher, each subcommand lives with the code it runs.
+
+Every module below exposes `add_parser(subparsers)` that registers its subcommand(s) and
+sets `func` on the parser. `add_parser` must stay light (no torch/dash import at module
+top) so `forksight --help` answers instantly; heavy imports happen inside `func`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# module -> its subcommands; order is the order in `forksight --help`
+SUBCOMMAND_MODULES = (
+    "monitor.serve_cli",    # serve, export
+    "trainer.cli",          # train
+    "monitor.alerts_cli",   # alerts replay
+    "monitor.demo",         # demo
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="forksight",
+        description="Token-level training diagnostics and a live dashboard for RLVR (GRPO/DAPO).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # a real missing dependency inside the module: say so
+                raise
+            continue
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    result = args.func(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

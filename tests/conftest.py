@@ -1,0 +1,32 @@
+"""Shared fixtures. Real parts only: a tiny model built offline, real files, real servers."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path():
+    """Directory of the tiny Qwen2 model + byte-level BPE tokenizer (built once, cached)."""
+    from trainer.model import build_tiny
+
+    return build_tiny()
+
+
+@pytest.fixture()
+def tiny(tiny_model_path):
+    """A fresh (model, tokenizer) pair loaded through from_pretrained."""
+    from trainer.model import load
+
+    return load(tiny_model_path)
+
+
+def require_browser() -> str:
+    """Path to Debian's chromium; skips locally when absent, fails in CI where it must exist."""
+    path = "/usr/bin/chromium"
+    if not os.path.exists(path):
+        if os.environ.get("FORKSIGHT_REQUIRE_BROWSER"):
+            pytest.fail("chromium is required in CI: apt-get install -y chromium chromium-driver")
+        pytest.skip("chromium not installed (apt-get install -y chromium chromium-driver)")
+    return path

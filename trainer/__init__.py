@@ -1,0 +1,1 @@
+"""forksight.trainer: the bundled selective-RLVR trainer (GRPO/DAPO with token selection)."""
