@@ -1,0 +1,529 @@
+"""The one home of forksight's math: per-token entropy statistics, ICT JS divergence, pass@k,
+token-selection helpers, and the fixed entropy histogram (docs: ../shared/ALGORITHMS.md §1–§9).
+
+Everything heavy works on chunks of token rows in float32, so the extra memory stays bounded
+by `chunk_size × V × 4` bytes however large B·T is; the logits are read once per chunk.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    "TokenStats",
+    "token_stats",
+    "token_kl",
+    "pass_at_k",
+    "pass_at_k_groups",
+    "fork_mask",
+    "top_rho_per_response",
+    "token_covariance",
+    "ENTROPY_EDGES",
+    "FORK_ENTROPY",
+    "histogram",
+    "summarize",
+]
+
+# The 80th entropy percentile reported by "Beyond the 80/20 Rule" (Qwen3-8B CoT): fork/frac
+# counts tokens above it so runs can be compared with the paper's reference line.
+FORK_ENTROPY = 0.672
+
+# Live [rows, V] float32 buffers per row in each path; `chunk_size` is a memory budget of
+# chunk_size × V float32 values, so rows per block = chunk_size // buffers.
+_STATS_BUFFERS = 2  # shifted logits s, exp(s)
+_JS_BUFFERS = 3  # s (later reused for M), p, group means P̄
+# Rows per block beyond which bigger blocks only cost cache misses (measured in bench/metrics.py):
+# about 4 MB of float32 working set keeps the re-reads of each block in L2/L3.
+_CACHE_FLOATS = 1 << 20
+
+
+@dataclass
+class TokenStats:
+    """Per-token statistics, each float32 [B, T] on the input's device, 0 where mask is 0."""
+
+    entropy: Tensor
+    renyi2: Tensor
+    top1: Tensor
+    logp: Tensor | None
+    js: Tensor | None
+    mask: Tensor
+
+
+# ---------------------------------------------------------------------------- input checks
+
+
+def _as_mask(mask, shape: tuple[int, int], device) -> Tensor:
+    if mask is None:
+        return torch.ones(shape, dtype=torch.bool, device=device)
+    mask = torch.as_tensor(mask, device=device)
+    if tuple(mask.shape) != shape:
+        raise ValueError(f"mask has shape {tuple(mask.shape)}; expected [B, T] = {list(shape)}")
+    return mask.detach().to(torch.bool)
+
+
+def _as_tokens(tokens, mask: Tensor, vocab: int) -> Tensor | None:
+    if tokens is None:
+        return None
+    tokens = torch.as_tensor(tokens, device=mask.device).detach()
+    if tuple(tokens.shape) != tuple(mask.shape):
+        raise ValueError(f"tokens has shape {tuple(tokens.shape)}; expected [B, T] = {list(mask.shape)}")
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise ValueError(f"tokens must be integer token ids, got dtype {tokens.dtype}")
+    tokens = tokens.long()
+    valid = tokens[mask]
+    if valid.numel() and (int(valid.min()) < 0 or int(valid.max()) >= vocab):
+        raise ValueError(
+            f"token ids at valid positions must lie in [0, {vocab}); got min {int(valid.min())}, "
+            f"max {int(valid.max())} (mask out padding such as -100)"
+        )
+    return tokens.masked_fill(~mask, 0)  # padding ids become harmless indices
+
+
+def _as_groups(group_ids, batch: int, device) -> Tensor | None:
+    if group_ids is None:
+        return None
+    g = torch.as_tensor(group_ids, device=device).detach().reshape(-1)
+    if g.numel() != batch:
+        raise ValueError(f"group_ids has {g.numel()} entries; expected one per row (B = {batch})")
+    if g.dtype.is_floating_point:
+        raise ValueError(f"group_ids must be integers, got dtype {g.dtype}")
+    return torch.unique(g, return_inverse=True)[1]  # dense ids 0..n_groups-1
+
+
+def _check_temperature(temperature: float) -> float:
+    t = float(temperature)
+    if not (t > 0 and math.isfinite(t)):
+        raise ValueError(f"temperature must be a positive finite number, got {temperature!r}")
+    return t
+
+
+def _check_chunk(chunk_size: int) -> int:
+    if int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be >= 1 (rows of the vocabulary per chunk), got {chunk_size}")
+    return int(chunk_size)
+
+
+# ---------------------------------------------------------------------------- logits source
+
+
+class _Logits:
+    """Yields float32-ready logits for selected rows, from logits or from hidden·Wᵀ (+bias)."""
+
+    def __init__(self, logits, hidden, weight, bias):
+        if (logits is None) == (hidden is None):
+            raise ValueError("pass exactly one of logits [B, T, V] or hidden [B, T, H] with weight [V, H]")
+        if logits is not None:
+            logits = torch.as_tensor(logits).detach()
+            if logits.dim() != 3 or not logits.dtype.is_floating_point:
+                raise ValueError(
+                    f"logits must be a float tensor [B, T, V]; got shape {tuple(logits.shape)}, dtype {logits.dtype}"
+                )
+            self.batch, self.time, self.vocab = logits.shape
+            self.device = logits.device
+        else:
+            hidden = torch.as_tensor(hidden).detach()
+            if weight is None:
+                raise ValueError("hidden states need the output matrix: pass weight [V, H] (lm_head.weight)")
+            weight = torch.as_tensor(weight).detach()
+            if hidden.dim() != 3 or weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
+                raise ValueError(
+                    f"hidden must be [B, T, H] and weight [V, H]; got {tuple(hidden.shape)} and {tuple(weight.shape)}"
+                )
+            if not (hidden.dtype.is_floating_point and weight.dtype.is_floating_point):
+                raise ValueError("hidden and weight must be floating-point tensors")
+            if bias is not None:
+                bias = torch.as_tensor(bias).detach()
+                if tuple(bias.shape) != (weight.shape[0],):
+                    raise ValueError(f"bias must be [V] = [{weight.shape[0]}], got {tuple(bias.shape)}")
+            self.batch, self.time, _ = hidden.shape
+            self.vocab = weight.shape[0]
+            self.device = hidden.device
+        if self.vocab < 1:
+            raise ValueError("the vocabulary dimension V is empty")
+        self.logits, self.hidden, self.weight, self.bias = logits, hidden, weight, bias
+
+    def rows(self, b: Tensor, t: Tensor) -> Tensor:
+        """Logits of the rows (b[i], t[i]) as a [R, V] tensor (a view when it can be one)."""
+        if self.logits is not None:
+            n = b.numel()
+            if n and _is_run(b, t, self.time):
+                start = int(b[0]) * self.time + int(t[0])
+                flat = _flat_view(self.logits)
+                if flat is not None:
+                    return flat[start : start + n]
+            return self.logits[b, t]
+        # The model computes its logits in the weight's dtype; doing the same keeps this path
+        # equal to the logits path (float32 afterwards, like every other path).
+        h = self.hidden[b, t].to(self.weight.dtype)
+        z = h @ self.weight.T
+        if self.bias is not None:
+            z = z + self.bias.to(z.dtype)
+        return z
+
+
+def _flat_view(x: Tensor) -> Tensor | None:
+    try:
+        return x.view(-1, x.shape[-1])
+    except RuntimeError:  # non-viewable strides: fall back to gathering rows
+        return None
+
+
+def _is_run(b: Tensor, t: Tensor, time: int) -> bool:
+    flat = b * time + t
+    return bool((flat.diff() == 1).all())
+
+
+# ---------------------------------------------------------------------------- the one pass
+
+
+def _shift_exp(z: Tensor, inv_temp: float, s_out: Tensor, e_out: Tensor) -> tuple[Tensor, Tensor]:
+    """s = (z - max z)/temp in float32 (one read of z) and e = exp(s); returns (s, e) and the max."""
+    m = z.amax(dim=-1, keepdim=True)
+    neg = m.to(torch.float32).mul_(-inv_temp)
+    torch.add(neg, z, alpha=inv_temp, out=s_out)  # promotes bf16/fp16 to float32 on the fly
+    torch.exp(s_out, out=e_out)
+    return m.squeeze(-1)
+
+
+def _row_sums(s: Tensor, e: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Σe, Σe·s and Σe² per row; -inf logits (e = 0, s = -inf) contribute 0, never NaN."""
+    s1 = e.sum(-1)
+    # vecdot: one fused pass with cascade summation (bmm was 8x slower and 1e-3 off at V=152k)
+    sz = torch.linalg.vecdot(e, s)
+    s2 = torch.linalg.vecdot(e, e)
+    bad = torch.isnan(sz)
+    if bool(bad.any()):  # only rows with -inf logits pay for the masked form
+        eb, sb = e[bad], s[bad]
+        sz[bad] = torch.where(eb > 0, eb * sb, torch.zeros((), device=e.device)).sum(-1)
+    return s1, sz, s2
+
+
+def _stats_from_sums(s1: Tensor, sz: Tensor, s2: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Shannon H = log Σe - Σe·s/Σe, Rényi-2 H2 = 2 log Σe - log Σe², top-1 = 1/Σe, and log Σe."""
+    log_s1 = s1.log()
+    entropy = (log_s1 - sz / s1).clamp_(min=0.0)
+    renyi2 = (2.0 * log_s1 - s2.log()).clamp_(min=0.0)
+    renyi2 = torch.minimum(renyi2, entropy)  # H2 ≤ H holds exactly; rounding may flip it by 1 ulp
+    return entropy, renyi2, s1.reciprocal(), log_s1
+
+
+def _raise_nonfinite(m: Tensor, active: Tensor) -> None:
+    bad = ~torch.isfinite(m) & active
+    if bool(bad.any()):
+        raise ValueError(
+            f"{int(bad.sum())} valid token position(s) have NaN/+inf logits or only -inf logits; "
+            "fix the model output or mask those positions out"
+        )
+
+
+def _block_rows(chunk_size: int, buffers: int, vocab: int) -> int:
+    return max(1, min(chunk_size // buffers, _CACHE_FLOATS // vocab))
+
+
+# ---------------------------------------------------------------------------- public: stats
+
+
+def token_stats(
+    logits: Tensor | None = None,
+    *,
+    hidden: Tensor | None = None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    mask: Tensor | None = None,
+    tokens: Tensor | None = None,
+    temperature: float = 1.0,
+    group_ids=None,
+    chunk_size: int = 1024,
+) -> TokenStats:
+    """Shannon/Rényi-2 entropy, top-1 prob, log p(token) and ICT JS to the group mean, per token.
+
+    Give logits [B, T, V] (any float dtype) or hidden [B, T, H] + weight [V, H] (+ bias [V]).
+    chunk_size bounds the extra memory to chunk_size × V × 4 bytes (the JS path needs ≥ B rows).
+    """
+    src = _Logits(logits, hidden, weight, bias)
+    shape = (src.batch, src.time)
+    valid = _as_mask(mask, shape, src.device)
+    toks = _as_tokens(tokens, valid, src.vocab)
+    groups = _as_groups(group_ids, src.batch, src.device)
+    inv_temp = 1.0 / _check_temperature(temperature)
+    chunk_size = _check_chunk(chunk_size)
+
+    out = {k: torch.zeros(shape, dtype=torch.float32, device=src.device) for k in ("entropy", "renyi2", "top1")}
+    out["logp"] = torch.zeros(shape, dtype=torch.float32, device=src.device) if toks is not None else None
+    out["js"] = torch.zeros(shape, dtype=torch.float32, device=src.device) if groups is not None else None
+    with torch.no_grad():
+        if groups is None:
+            _stats_by_tokens(src, valid, toks, inv_temp, chunk_size, out)
+        else:
+            _stats_by_positions(src, valid, toks, groups, inv_temp, chunk_size, out)
+    return TokenStats(mask=valid, **out)
+
+
+def _stats_by_tokens(src: _Logits, valid: Tensor, toks, inv_temp: float, chunk_size: int, out: dict) -> None:
+    """Without JS: blocks of valid tokens only (masked positions cost nothing)."""
+    b_all, t_all = valid.nonzero(as_tuple=True)
+    n = b_all.numel()
+    if n == 0:
+        return
+    rows = _block_rows(chunk_size, _STATS_BUFFERS, src.vocab)
+    s_buf = torch.empty((min(rows, n), src.vocab), dtype=torch.float32, device=src.device)
+    e_buf = torch.empty_like(s_buf)
+    for start in range(0, n, rows):
+        b, t = b_all[start : start + rows], t_all[start : start + rows]
+        s, e = s_buf[: b.numel()], e_buf[: b.numel()]
+        m = _shift_exp(src.rows(b, t), inv_temp, s, e)
+        _raise_nonfinite(m, torch.ones_like(m, dtype=torch.bool))
+        entropy, renyi2, top1, log_s1 = _stats_from_sums(*_row_sums(s, e))
+        out["entropy"][b, t], out["renyi2"][b, t], out["top1"][b, t] = entropy, renyi2, top1
+        if toks is not None:
+            out["logp"][b, t] = s.gather(-1, toks[b, t].unsqueeze(-1)).squeeze(-1) - log_s1
+
+
+def _stats_by_positions(
+    src: _Logits, valid: Tensor, toks, groups: Tensor, inv_temp: float, chunk_size: int, out: dict
+) -> None:
+    """With JS: blocks of positions × all B rows, so each group's rollouts are side by side.
+
+    JS(p‖P̄) = H(M) − ½H(p) − ½H(P̄) with M = ½(p + P̄); M for every row is one small batched
+    matmul K·p with K = ½I + ½·(same group, active)/count, P̄ likewise with A = onehot/count.
+    """
+    batch, time, vocab = src.batch, src.time, src.vocab
+    n_groups = int(groups.max()) + 1
+    onehot = torch.nn.functional.one_hot(groups, n_groups).to(torch.float32)  # [B, G]
+    # only positions where some row is valid need any work
+    positions = valid.any(0).nonzero(as_tuple=True)[0]
+    if positions.numel() == 0:
+        return
+    per_block = max(1, _block_rows(chunk_size, _JS_BUFFERS, vocab) // batch)
+    rows = per_block * batch
+    s_buf = torch.empty((rows, vocab), dtype=torch.float32, device=src.device)
+    p_buf = torch.empty_like(s_buf)
+    g_buf = torch.empty((per_block * n_groups, vocab), dtype=torch.float32, device=src.device)
+    eye_half = 0.5 * torch.eye(batch, device=src.device)
+    for start in range(0, positions.numel(), per_block):
+        t_pos = positions[start : start + per_block]
+        c = t_pos.numel()
+        # rows ordered position-major: row r = (t_pos[r // B], r % B)
+        t = t_pos.repeat_interleave(batch)
+        b = torch.arange(batch, device=src.device).repeat(c)
+        act = valid[b, t]  # [c*B]
+        s, p = s_buf[: c * batch], p_buf[: c * batch]
+        m = _shift_exp(src.rows(b, t), inv_temp, s, p)
+        _raise_nonfinite(m, act)
+        s1, sz, s2 = _row_sums(s, p)
+        entropy, renyi2, top1, log_s1 = _stats_from_sums(s1, sz, s2)
+        if toks is not None:
+            logp = s.gather(-1, toks[b, t].unsqueeze(-1)).squeeze(-1) - log_s1
+        p.div_(s1.unsqueeze(-1))
+        if not bool(act.all()):
+            p[~act] = 0.0  # inactive rows (padding, maybe garbage logits) join no mean
+        a = act.view(c, batch).to(torch.float32)  # [c, B]
+        count = a @ onehot  # [c, G] active rollouts per group and position
+        weights = (onehot.T.unsqueeze(0) * a.unsqueeze(1)) / count.clamp(min=1).unsqueeze(-1)  # [c, G, B]
+        p3 = p.view(c, batch, vocab)
+        pbar = torch.bmm(weights, p3, out=g_buf[: c * n_groups].view(c, n_groups, vocab))
+        k = eye_half + 0.5 * weights[:, groups, :]  # [c, B, B]: ½ self + ½ own group mean
+        mix = torch.bmm(k, p3, out=s.view(c, batch, vocab))  # s no longer needed: reuse it
+        h_pbar = -torch.special.xlogy(pbar, pbar, out=pbar).sum(-1)  # [c, G]
+        h_mix = -torch.special.xlogy(mix, mix, out=mix).sum(-1)  # [c, B]
+        js = h_mix - 0.5 * entropy.view(c, batch) - 0.5 * h_pbar[:, groups]
+        js = js.clamp_(0.0, math.log(2.0))
+        alone = count[:, groups] < 2  # a single active rollout is its own mean: JS = 0
+        js = js.masked_fill(alone, 0.0)
+        keep = act
+        bk, tk = b[keep], t[keep]
+        out["entropy"][bk, tk], out["renyi2"][bk, tk], out["top1"][bk, tk] = entropy[keep], renyi2[keep], top1[keep]
+        out["js"][bk, tk] = js.reshape(-1)[keep]
+        if toks is not None:
+            out["logp"][bk, tk] = logp[keep]
+
+
+def token_kl(student_logits: Tensor, teacher_logits: Tensor, mask: Tensor | None = None, chunk_size: int = 1024) -> Tensor:
+    """Reverse KL(p_student ‖ p_teacher) per token, float32 [B, T], 0 where mask is 0 (§4)."""
+    student = _Logits(student_logits, None, None, None)
+    teacher = _Logits(teacher_logits, None, None, None)
+    if (student.batch, student.time, student.vocab) != (teacher.batch, teacher.time, teacher.vocab):
+        raise ValueError(
+            f"student logits {tuple(student.logits.shape)} and teacher logits {tuple(teacher.logits.shape)} must match"
+        )
+    shape = (student.batch, student.time)
+    valid = _as_mask(mask, shape, student.device)
+    out = torch.zeros(shape, dtype=torch.float32, device=student.device)
+    b_all, t_all = valid.nonzero(as_tuple=True)
+    rows = _block_rows(_check_chunk(chunk_size), 4, student.vocab)
+    with torch.no_grad():
+        for start in range(0, b_all.numel(), rows):
+            b, t = b_all[start : start + rows], t_all[start : start + rows]
+            zs = student.rows(b, t).to(torch.float32)
+            zt = teacher.rows(b, t).to(torch.float32)
+            log_ps = torch.log_softmax(zs, dim=-1)
+            log_pt = torch.log_softmax(zt, dim=-1)
+            ps = log_ps.exp()
+            # Σ p_s (log p_s − log p_t), where p_s = 0 contributes 0 even against log p_t = -inf
+            diff = torch.where(ps > 0, log_ps - log_pt, torch.zeros((), device=zs.device))
+            out[b, t] = (ps * diff).sum(-1).clamp_(min=0.0)
+    return out
+
+
+# ---------------------------------------------------------------------------- pass@k
+
+
+def _check_count(name: str, value) -> int:
+    if isinstance(value, bool) or int(value) != value:
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 − C(n−c, k)/C(n, k), stable product form."""
+    n, c, k = _check_count("n", n), _check_count("c", c), _check_count("k", k)
+    if n < 1 or c < 0 or k < 1:
+        raise ValueError(f"need n >= 1, c >= 0, k >= 1; got n={n}, c={c}, k={k}")
+    if c > n:
+        raise ValueError(f"c (correct samples) = {c} cannot exceed n (samples) = {n}")
+    if k > n:
+        raise ValueError(f"k = {k} needs at least k samples, but n = {n}; draw more samples or lower k")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
+
+
+def pass_at_k_groups(correct, ks: Iterable[int] | None = None) -> dict[int, float]:
+    """Mean pass@k over groups; correct is [num_groups, G] bools or a list of ragged lists.
+
+    ks defaults to 1..max G. For ragged groups each uses its own n, and a group with n < k is
+    left out of that k's mean (a k no group reaches raises).
+    """
+    if isinstance(correct, Tensor):
+        correct = correct.detach().cpu().numpy()
+    groups = [np.asarray(g).reshape(-1) for g in correct]
+    if not groups or all(g.size == 0 for g in groups):
+        raise ValueError("pass_at_k_groups needs at least one non-empty group of results")
+    counts = [(int(g.size), int(np.count_nonzero(g))) for g in groups if g.size]
+    max_n = max(n for n, _ in counts)
+    ks = list(range(1, max_n + 1)) if ks is None else [_check_count("k", k) for k in ks]
+    result: dict[int, float] = {}
+    for k in ks:
+        if k < 1 or k > max_n:
+            raise ValueError(f"k = {k} is outside 1..{max_n} (the largest group size)")
+        values = [pass_at_k(n, c, k) for n, c in counts if n >= k]
+        result[k] = float(np.mean(values))
+    return result
+
+
+# ---------------------------------------------------------------------------- selection helpers
+
+
+def _quantile_sorted(sorted_values: Tensor, q: float) -> Tensor:
+    """Linear-interpolated quantile of an ascending 1-D tensor (numpy's default method)."""
+    pos = q * (sorted_values.numel() - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _check_rho(rho: float) -> float:
+    if not 0.0 < float(rho) <= 1.0:
+        raise ValueError(f"rho is the fraction of tokens to keep and must be in (0, 1], got {rho}")
+    return float(rho)
+
+
+def fork_mask(entropy: Tensor, mask: Tensor, rho: float = 0.2) -> tuple[Tensor, float]:
+    """Fork tokens: valid tokens whose entropy ≥ the batch's (1−rho) quantile; returns (mask, τ)."""
+    rho = _check_rho(rho)
+    valid = _as_mask(mask, tuple(entropy.shape), entropy.device)
+    values = entropy.detach()[valid].to(torch.float32)
+    if values.numel() == 0:
+        return torch.zeros_like(valid), float("inf")
+    threshold = float(_quantile_sorted(values.sort().values, 1.0 - rho))
+    return (entropy >= threshold) & valid, threshold
+
+
+def top_rho_per_response(score: Tensor, mask: Tensor, rho: float = 0.1) -> Tensor:
+    """Per row, valid tokens whose score ≥ that row's (1−rho) percentile; ≥ 1 per non-empty row."""
+    rho = _check_rho(rho)
+    valid = _as_mask(mask, tuple(score.shape), score.device)
+    x = score.detach().to(torch.float32).masked_fill(~valid, float("inf"))
+    ordered = x.sort(dim=-1).values  # valid values first, ascending
+    n = valid.sum(-1)
+    pos = (1.0 - rho) * (n - 1).clamp(min=0).to(torch.float32)
+    lo, hi = pos.floor().long(), pos.ceil().long()
+    v_lo, v_hi = ordered.gather(-1, lo[:, None])[:, 0], ordered.gather(-1, hi[:, None])[:, 0]
+    threshold = v_lo + (v_hi - v_lo) * (pos - lo)
+    threshold = torch.where(n > 0, threshold, torch.full_like(threshold, float("inf")))
+    return (score >= threshold[:, None]) & valid
+
+
+def token_covariance(advantages, logp: Tensor, mask: Tensor) -> Tensor:
+    """Cui et al.'s C = (A − Ā)(log π − mean log π) per token, means over valid tokens; 0 elsewhere."""
+    valid = _as_mask(mask, tuple(logp.shape), logp.device)
+    adv = torch.as_tensor(advantages, device=logp.device).detach().to(torch.float32)
+    if adv.dim() == 1 and adv.shape[0] == logp.shape[0]:
+        adv = adv[:, None].expand_as(logp)
+    if tuple(adv.shape) != tuple(logp.shape):
+        raise ValueError(f"advantages must be [B] or [B, T] = {list(logp.shape)}, got {tuple(adv.shape)}")
+    lp = logp.detach().to(torch.float32)
+    count = valid.sum()
+    if int(count) == 0:
+        return torch.zeros_like(lp)
+    w = valid.to(torch.float32)
+    adv_mean = (adv * w).sum() / count
+    lp_mean = (lp * w).sum() / count
+    return torch.where(valid, (adv - adv_mean) * (lp - lp_mean), torch.zeros((), device=lp.device))
+
+
+# ---------------------------------------------------------------------------- histograms, summaries
+
+
+def _entropy_edges() -> np.ndarray:
+    """0; 10 log bins per decade from 1e-4 to 1 nat (over half the tokens are < 0.01); 0.1-nat bins
+    to 4; 0.25-nat bins to 12 (≥ log 151936 ≈ 11.93). FORK_ENTROPY is an edge of its own."""
+    fine = np.round(np.logspace(-4, 0, 41), 6)
+    mid = np.round(np.arange(1.1, 4.0 + 1e-9, 0.1), 6)
+    wide = np.round(np.arange(4.25, 12.0 + 1e-9, 0.25), 6)
+    return np.unique(np.concatenate([[0.0, FORK_ENTROPY], fine, mid, wide]))
+
+
+ENTROPY_EDGES: np.ndarray = _entropy_edges()
+
+
+def histogram(values, edges: Sequence[float] | np.ndarray = ENTROPY_EDGES) -> np.ndarray:
+    """Counts per bin [edges[i], edges[i+1]); values past either end go to the first/last bin."""
+    edges = np.asarray(edges, dtype=np.float64)
+    if edges.ndim != 1 or edges.size < 2 or np.any(np.diff(edges) <= 0):
+        raise ValueError("edges must be a strictly increasing 1-D sequence of at least 2 numbers")
+    if isinstance(values, Tensor):
+        values = values.detach().to(torch.float64).cpu().numpy()
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    if np.isnan(values).any():
+        raise ValueError("histogram got NaN values; mask invalid tokens out before binning")
+    index = np.clip(np.searchsorted(edges, values, side="right") - 1, 0, edges.size - 2)
+    return np.bincount(index, minlength=edges.size - 1).astype(np.int64)
+
+
+def summarize(stats: TokenStats) -> dict[str, float]:
+    """Step scalars over valid tokens: entropy/mean, entropy/p20…p95, renyi2/mean, top1/mean,
+    logp/mean and js/mean when present, fork/frac (H ≥ 0.672), tokens/count."""
+    valid = stats.mask
+    h = stats.entropy[valid].to(torch.float64)
+    out: dict[str, float] = {"tokens/count": float(h.numel())}
+    if h.numel() == 0:
+        return out
+    out["entropy/mean"] = float(h.mean())
+    qs = torch.quantile(h.cpu(), torch.tensor([0.2, 0.5, 0.8, 0.95], dtype=torch.float64)) if h.numel() < 1 << 24 else None
+    if qs is None:  # torch.quantile refuses > 2^24 elements
+        qs = torch.from_numpy(np.quantile(h.cpu().numpy(), [0.2, 0.5, 0.8, 0.95]))
+    for name, q in zip(("p20", "p50", "p80", "p95"), qs.tolist()):
+        out[f"entropy/{name}"] = float(q)
+    out["renyi2/mean"] = float(stats.renyi2[valid].to(torch.float64).mean())
+    out["top1/mean"] = float(stats.top1[valid].to(torch.float64).mean())
+    if stats.logp is not None:
+        out["logp/mean"] = float(stats.logp[valid].to(torch.float64).mean())
+    if stats.js is not None:
+        out["js/mean"] = float(stats.js[valid].to(torch.float64).mean())
+    out["fork/frac"] = float((h >= FORK_ENTROPY).to(torch.float64).mean())
+    return out

@@ -1,0 +1,432 @@
+"""monitor.metrics against independent float64 references (numpy/scipy) written here."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.spatial.distance import jensenshannon
+from scipy.special import logsumexp, softmax
+
+from monitor import metrics
+from monitor.metrics import (
+    ENTROPY_EDGES,
+    fork_mask,
+    histogram,
+    pass_at_k,
+    pass_at_k_groups,
+    summarize,
+    token_covariance,
+    token_kl,
+    token_stats,
+    top_rho_per_response,
+)
+
+TOL = 1e-4  # nats, float32 against float64
+
+
+# ---------------------------------------------------------------------------- float64 references
+
+
+def ref_stats(z: np.ndarray, temperature: float = 1.0) -> dict[str, np.ndarray]:
+    """Per-row H, H2, top1 and log-probs from the definitions, in float64 (−inf allowed)."""
+    z = np.asarray(z, dtype=np.float64) / temperature
+    logq = z - logsumexp(z, axis=-1, keepdims=True)
+    p = np.exp(logq)
+    plogp = np.where(p > 0, p * np.where(p > 0, logq, 0.0), 0.0)
+    return {
+        "entropy": -plogp.sum(-1),
+        "renyi2": -np.log((p**2).sum(-1)),
+        "top1": p.max(-1),
+        "logq": logq,
+        "p": p,
+    }
+
+
+def ref_js(p: np.ndarray, mask: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """JS(p_i,t ‖ mean of p_j,t over active rows j of i's group), 0 where alone or inactive."""
+    B, T, _ = p.shape
+    out = np.zeros((B, T))
+    for i, t in itertools.product(range(B), range(T)):
+        peers = [j for j in range(B) if groups[j] == groups[i] and mask[j, t]]
+        if not mask[i, t] or len(peers) < 2:
+            continue
+        mean = p[peers, t].mean(0)
+        out[i, t] = jensenshannon(p[i, t], mean) ** 2  # scipy returns the distance sqrt(JS)
+    return out
+
+
+def random_logits(shape, scale=3.0, seed=0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    # mixed sharpness per row: some rows near one-hot, some near uniform
+    scales = torch.rand(shape[:-1] + (1,), generator=g) * scale * 2
+    return torch.randn(shape, generator=g) * scales
+
+
+# ---------------------------------------------------------------------------- token_stats
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.6])
+def test_stats_match_float64_reference(temperature):
+    z = random_logits((3, 6, 97), seed=1)
+    tokens = torch.randint(0, 97, (3, 6), generator=torch.Generator().manual_seed(2))
+    stats = token_stats(z, tokens=tokens, temperature=temperature)
+    ref = ref_stats(z.numpy(), temperature)
+    for name in ("entropy", "renyi2", "top1"):
+        np.testing.assert_allclose(getattr(stats, name).numpy(), ref[name], atol=TOL, err_msg=name)
+    ref_logp = np.take_along_axis(ref["logq"], tokens.numpy()[..., None], -1)[..., 0]
+    np.testing.assert_allclose(stats.logp.numpy(), ref_logp, atol=TOL)
+    assert stats.js is None and stats.entropy.dtype == torch.float32
+
+
+def test_properties_hold_on_many_random_rows():
+    z = random_logits((8, 40, 301), scale=6.0, seed=3)
+    stats = token_stats(z, tokens=torch.zeros(8, 40, dtype=torch.long), group_ids=[0, 0, 0, 1, 1, 2, 2, 2])
+    log_v = math.log(301)
+    assert bool((stats.renyi2 >= 0).all()) and bool((stats.renyi2 <= stats.entropy).all())
+    assert bool((stats.entropy <= log_v + 1e-5).all())
+    assert bool((stats.top1 > 0).all()) and bool((stats.top1 <= 1).all())
+    assert bool((stats.logp <= 0).all())
+    assert bool((stats.js >= 0).all()) and bool((stats.js <= math.log(2)).all())
+    # H2 = -log Σp² ≥ -log max p (Σp² ≤ max p)
+    assert bool((stats.renyi2 >= -torch.log(stats.top1) - 1e-5).all())
+
+
+def test_uniform_rows_have_log_v_and_one_hot_rows_zero():
+    V = 1000
+    z = torch.zeros(2, 2, V)
+    z[1] = -float("inf")
+    z[1, :, 17] = 5.0  # one-hot by masking: every other logit -inf
+    z[0, 1] = torch.full((V,), 3.0)
+    z[1, 1, :] = -1e4
+    z[1, 1, 3] = 0.0  # one-hot in float32 by a huge gap
+    stats = token_stats(z, tokens=torch.tensor([[0, 5], [17, 3]]))
+    np.testing.assert_allclose(stats.entropy[0].numpy(), [math.log(V)] * 2, atol=TOL)
+    np.testing.assert_allclose(stats.renyi2[0].numpy(), [math.log(V)] * 2, atol=TOL)
+    np.testing.assert_allclose(stats.top1[0].numpy(), [1 / V] * 2, rtol=1e-5)
+    np.testing.assert_allclose(stats.logp[0].numpy(), [-math.log(V)] * 2, atol=TOL)
+    assert stats.entropy[1].tolist() == [0.0, 0.0] and stats.renyi2[1].tolist() == [0.0, 0.0]
+    assert stats.top1[1].tolist() == [1.0, 1.0] and stats.logp[1].tolist() == [0.0, 0.0]
+
+
+def test_neg_inf_logits_equal_reference_over_finite_vocabulary():
+    z = random_logits((4, 5, 64), seed=4)
+    blocked = torch.rand(4, 5, 64, generator=torch.Generator().manual_seed(5)) < 0.5
+    blocked[..., 0] = False  # keep at least one finite logit per row
+    z = z.masked_fill(blocked, -float("inf"))
+    tokens = torch.zeros(4, 5, dtype=torch.long)
+    stats = token_stats(z, tokens=tokens, group_ids=[0, 0, 1, 1], chunk_size=3)
+    for name in ("entropy", "renyi2", "top1", "logp", "js"):
+        assert not torch.isnan(getattr(stats, name)).any(), name
+    for b, t in itertools.product(range(4), range(5)):
+        finite = z[b, t][~blocked[b, t]].numpy()
+        ref = ref_stats(finite)
+        assert abs(float(stats.entropy[b, t]) - ref["entropy"]) <= TOL
+        assert abs(float(stats.renyi2[b, t]) - ref["renyi2"]) <= TOL
+        assert abs(float(stats.logp[b, t]) - ref["logq"][0]) <= TOL
+    ref = ref_stats(z.numpy())
+    expected_js = ref_js(ref["p"], np.ones((4, 5), bool), np.array([0, 0, 1, 1]))
+    np.testing.assert_allclose(stats.js.numpy(), expected_js, atol=TOL)
+
+
+def test_bf16_logits_are_computed_in_float32():
+    z = random_logits((2, 7, 211), seed=6).to(torch.bfloat16)
+    stats = token_stats(z, group_ids=[3, 3])
+    ref = ref_stats(z.to(torch.float64).numpy())
+    np.testing.assert_allclose(stats.entropy.numpy(), ref["entropy"], atol=TOL)
+    np.testing.assert_allclose(stats.renyi2.numpy(), ref["renyi2"], atol=TOL)
+    np.testing.assert_allclose(stats.js.numpy(), ref_js(ref["p"], np.ones((2, 7), bool), [3, 3]), atol=TOL)
+    assert stats.entropy.dtype == torch.float32
+
+
+def test_qwen_sized_vocabulary():
+    V = 151_936
+    z = random_logits((2, 2, V), scale=4.0, seed=7)
+    z[0, 0] = 0.0  # uniform over the whole vocabulary: H = H2 = log V ≈ 11.93
+    tokens = torch.tensor([[5, V - 1], [0, 12345]])
+    stats = token_stats(z, tokens=tokens, group_ids=[0, 0], chunk_size=2)
+    ref = ref_stats(z.numpy())
+    np.testing.assert_allclose(stats.entropy.numpy(), ref["entropy"], atol=TOL)
+    np.testing.assert_allclose(stats.renyi2.numpy(), ref["renyi2"], atol=TOL)
+    ref_logp = np.take_along_axis(ref["logq"], tokens.numpy()[..., None], -1)[..., 0]
+    np.testing.assert_allclose(stats.logp.numpy(), ref_logp, atol=TOL)
+    np.testing.assert_allclose(stats.js.numpy(), ref_js(ref["p"], np.ones((2, 2), bool), [0, 0]), atol=TOL)
+    assert abs(float(stats.entropy[0, 0]) - math.log(V)) <= TOL
+
+
+def test_ragged_masks_js_uses_only_active_rollouts():
+    z = random_logits((5, 6, 50), seed=8)
+    mask = torch.ones(5, 6, dtype=torch.bool)
+    mask[0, 4:] = False  # ragged completion lengths
+    mask[1, 2:] = False
+    mask[3, 1:] = False  # group 1 = rows 3, 4: only row 4 active from t = 1 on
+    mask[2, :] = False  # an empty response
+    groups = np.array([0, 0, 0, 1, 1])
+    z[~mask] = float("nan")  # padding may hold garbage: it must not leak into any mean
+    stats = token_stats(z, mask=mask, tokens=torch.zeros(5, 6, dtype=torch.long), group_ids=groups)
+    zz = z.numpy().copy()
+    zz[~mask.numpy()] = 0.0
+    ref = ref_stats(zz)
+    np.testing.assert_allclose(stats.js.numpy(), ref_js(ref["p"], mask.numpy(), groups), atol=TOL)
+    np.testing.assert_allclose(stats.entropy.numpy(), ref["entropy"] * mask.numpy(), atol=TOL)
+    for name in ("entropy", "renyi2", "top1", "logp", "js"):
+        assert (getattr(stats, name)[~mask] == 0).all(), name
+    assert bool((stats.js[4, 1:] == 0).all())  # alone in its group
+    assert bool((stats.js[0, :2] > 0).all())
+
+
+def test_groups_of_one_have_zero_js():
+    z = random_logits((3, 4, 40), seed=9)
+    stats = token_stats(z, group_ids=torch.tensor([7, 8, 9]))
+    assert stats.js.abs().max().item() == 0.0
+    # the same rows as one group do diverge
+    assert token_stats(z, group_ids=[1, 1, 1]).js.min().item() > 0
+
+
+def test_identical_rollouts_have_zero_js():
+    row = random_logits((1, 5, 80), seed=10)
+    stats = token_stats(row.expand(4, 5, 80).contiguous(), group_ids=[0, 0, 0, 0])
+    assert stats.js.max().item() <= 1e-5
+
+
+def test_disjoint_supports_reach_log2_over_two_rollouts():
+    # p1, p2 one-hot on different tokens: P̄ = ½(p1+p2), JS(p1‖P̄) = ½ log 2 + ½(log(4/3)... ) by the reference
+    z = torch.full((2, 1, 4), -float("inf"))
+    z[0, 0, 0] = 0.0
+    z[1, 0, 1] = 0.0
+    stats = token_stats(z, group_ids=[0, 0])
+    p = np.array([[1.0, 0, 0, 0], [0, 1.0, 0, 0]])
+    expected = jensenshannon(p[0], p.mean(0)) ** 2
+    np.testing.assert_allclose(stats.js[:, 0].numpy(), [expected, expected], atol=TOL)
+
+
+def test_hidden_state_path_equals_logits_path():
+    g = torch.Generator().manual_seed(11)
+    hidden = torch.randn(3, 5, 16, generator=g)
+    weight = torch.randn(70, 16, generator=g)
+    bias = torch.randn(70, generator=g)
+    tokens = torch.randint(0, 70, (3, 5), generator=g)
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[2, 3:] = False
+    kwargs = dict(mask=mask, tokens=tokens, group_ids=[0, 0, 1], temperature=0.9, chunk_size=4)
+    from_hidden = token_stats(hidden=hidden, weight=weight, bias=bias, **kwargs)
+    from_logits = token_stats(torch.nn.functional.linear(hidden, weight, bias), **kwargs)
+    for name in ("entropy", "renyi2", "top1", "logp", "js"):
+        torch.testing.assert_close(getattr(from_hidden, name), getattr(from_logits, name), atol=1e-5, rtol=0)
+    # bf16 weights: logits are what the model computes in bf16, then float32 from there on
+    w16 = weight.to(torch.bfloat16)
+    from_hidden16 = token_stats(hidden=hidden, weight=w16, tokens=tokens)
+    from_logits16 = token_stats(hidden.to(torch.bfloat16) @ w16.T, tokens=tokens)
+    torch.testing.assert_close(from_hidden16.entropy, from_logits16.entropy, atol=1e-5, rtol=0)
+
+
+def test_chunk_size_does_not_change_results():
+    z = random_logits((4, 9, 33), seed=12)
+    mask = torch.rand(4, 9, generator=torch.Generator().manual_seed(13)) < 0.8
+    kwargs = dict(mask=mask, tokens=torch.ones(4, 9, dtype=torch.long), group_ids=[0, 1, 0, 1])
+    results = [token_stats(z, chunk_size=c, **kwargs) for c in (1, 7, 10_000)]
+    results += [token_stats(z, chunk_size=c, mask=mask) for c in (1, 7, 10_000)]
+    for name in ("entropy", "renyi2", "top1", "logp", "js"):
+        for other in results[1:3]:
+            torch.testing.assert_close(getattr(results[0], name), getattr(other, name), atol=1e-6, rtol=0)
+    for other in results[3:]:  # the path without JS agrees with the path with JS
+        torch.testing.assert_close(results[0].entropy, other.entropy, atol=1e-6, rtol=0)
+
+
+def test_noncontiguous_logits_and_grad_inputs():
+    base = random_logits((6, 4, 30), seed=14).requires_grad_(True)
+    z = base.transpose(0, 1)  # [4, 6, 30] non-contiguous view with grad
+    stats = token_stats(z, chunk_size=5)
+    assert not stats.entropy.requires_grad
+    np.testing.assert_allclose(stats.entropy.numpy(), ref_stats(z.detach().numpy())["entropy"], atol=TOL)
+
+
+def test_bad_inputs_raise_clear_errors():
+    z = torch.randn(2, 3, 10)
+    with pytest.raises(ValueError, match="mask has shape"):
+        token_stats(z, mask=torch.ones(2, 4))
+    with pytest.raises(ValueError, match="exactly one"):
+        token_stats(z, hidden=torch.randn(2, 3, 4), weight=torch.randn(10, 4))
+    with pytest.raises(ValueError, match=r"\[0, 10\)"):
+        token_stats(z, tokens=torch.full((2, 3), 10))
+    with pytest.raises(ValueError, match="temperature"):
+        token_stats(z, temperature=0)
+    with pytest.raises(ValueError, match="group_ids"):
+        token_stats(z, group_ids=[0, 1, 2])
+    bad = z.clone()
+    bad[1, 2, 4] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        token_stats(bad)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    mask[1, 2] = False
+    assert not torch.isnan(token_stats(bad, mask=mask).entropy).any()  # masked garbage is fine
+    tokens = torch.full((2, 3), -100)
+    tokens[0] = 1
+    assert token_stats(z, mask=tokens >= 0, tokens=tokens).logp[1].tolist() == [0.0] * 3
+
+
+# ---------------------------------------------------------------------------- token_kl
+
+
+def test_token_kl_matches_reference_and_is_zero_on_itself():
+    s = random_logits((2, 5, 60), seed=15)
+    t = random_logits((2, 5, 60), seed=16)
+    s[0, 0, :30] = -float("inf")  # student puts no mass there: the teacher's -inf is harmless
+    t[0, 0, :10] = -float("inf")
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[1, 4] = False
+    kl = token_kl(s, t, mask=mask, chunk_size=3)
+    ps, pt = ref_stats(s.numpy()), ref_stats(t.numpy())
+    expected = np.where(ps["p"] > 0, ps["p"] * (ps["logq"] - np.where(ps["p"] > 0, pt["logq"], 0)), 0).sum(-1)
+    np.testing.assert_allclose(kl.numpy(), expected * mask.numpy(), atol=TOL)
+    assert token_kl(s, s).abs().max().item() <= 1e-5
+
+
+# ---------------------------------------------------------------------------- pass@k
+
+
+def brute_pass_at_k(n: int, c: int, k: int) -> float:
+    """Fraction of k-subsets of n samples (c correct) that hold at least one correct sample."""
+    samples = [True] * c + [False] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(samples[i] for i in s) for s in subsets) / len(subsets)
+
+
+def test_pass_at_k_matches_brute_force_enumeration():
+    for n in range(1, 9):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert pass_at_k(n, c, k) == pytest.approx(brute_pass_at_k(n, c, k), abs=1e-12)
+                assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k), abs=1e-12)
+
+
+def test_pass_at_k_hand_worked_values_and_large_n():
+    assert pass_at_k(2, 1, 1) == 0.5
+    assert pass_at_k(3, 1, 2) == pytest.approx(2 / 3)  # 1 - C(2,2)/C(3,2)
+    assert pass_at_k(10, 3, 1) == pytest.approx(0.3)
+    assert pass_at_k(5, 0, 3) == 0.0 and pass_at_k(5, 5, 1) == 1.0
+    # stable where the binomials overflow floats: C(2000, 500) ≈ 1e487
+    assert pass_at_k(2000, 1, 500) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("n,c,k,what", [(3, 1, 4, "k = 4"), (3, 4, 1, "cannot exceed"), (3, -1, 1, "c >= 0"), (3, 1, 0, "k >= 1")])
+def test_pass_at_k_rejects_impossible_counts(n, c, k, what):
+    with pytest.raises(ValueError, match=what):
+        pass_at_k(n, c, k)
+
+
+def test_pass_at_k_groups_rectangular_and_ragged():
+    correct = np.array([[1, 0, 0, 0], [1, 1, 0, 1], [0, 0, 0, 0]], dtype=bool)
+    result = pass_at_k_groups(correct)
+    assert sorted(result) == [1, 2, 3, 4]
+    for k in range(1, 5):
+        expected = np.mean([brute_pass_at_k(4, int(row.sum()), k) for row in correct])
+        assert result[k] == pytest.approx(expected)
+    assert result[1] == pytest.approx(4 / 12)
+    assert pass_at_k_groups(torch.tensor(correct), ks=[2]) == {2: pytest.approx(result[2])}
+    ragged = [[True, False], [False, False, True, True]]
+    got = pass_at_k_groups(ragged)
+    assert got[1] == pytest.approx((0.5 + 0.5) / 2)
+    assert got[2] == pytest.approx((1.0 + brute_pass_at_k(4, 2, 2)) / 2)
+    assert got[3] == pytest.approx(brute_pass_at_k(4, 2, 3))  # the 2-sample group is left out of k=3
+    with pytest.raises(ValueError, match="outside"):
+        pass_at_k_groups(correct, ks=[5])
+    with pytest.raises(ValueError, match="non-empty"):
+        pass_at_k_groups([])
+
+
+# ---------------------------------------------------------------------------- selection helpers
+
+
+def test_fork_mask_keeps_top_rho_of_valid_tokens():
+    g = torch.Generator().manual_seed(17)
+    entropy = torch.rand(16, 50, generator=g) * 3
+    mask = torch.rand(16, 50, generator=g) < 0.7
+    selected, threshold = fork_mask(entropy, mask, rho=0.2)
+    assert threshold == pytest.approx(float(np.quantile(entropy[mask].numpy(), 0.8)), abs=1e-6)
+    assert not bool((selected & ~mask).any())
+    assert abs(selected.sum().item() / mask.sum().item() - 0.2) <= 0.01
+    assert bool((entropy[selected] >= threshold).all())
+    empty, inf = fork_mask(entropy, torch.zeros_like(mask))
+    assert not bool(empty.any()) and inf == float("inf")
+
+
+def test_top_rho_per_response_matches_numpy_percentile():
+    g = torch.Generator().manual_seed(18)
+    score = torch.rand(5, 40, generator=g)
+    mask = torch.ones(5, 40, dtype=torch.bool)
+    mask[1, 3:] = False  # short response: still at least one token
+    mask[2] = False  # empty response: none
+    mask[3, ::2] = False
+    selected = top_rho_per_response(score, mask, rho=0.1)
+    for i in range(5):
+        valid = mask[i].numpy()
+        if not valid.any():
+            assert not selected[i].any()
+            continue
+        threshold = np.percentile(score[i].numpy()[valid], 90)
+        expected = (score[i].numpy() >= threshold - 1e-7) & valid
+        assert np.array_equal(selected[i].numpy(), expected)
+        assert selected[i].sum() >= 1
+    assert selected[0].sum().item() == 4  # 40 tokens, top 10% ≥ the 90th percentile
+
+
+def test_token_covariance_matches_numpy():
+    g = torch.Generator().manual_seed(19)
+    logp = -torch.rand(4, 6, generator=g) * 5
+    mask = torch.rand(4, 6, generator=g) < 0.75
+    adv = torch.randn(4, generator=g)
+    cov = token_covariance(adv, logp, mask)
+    a = np.broadcast_to(adv.numpy()[:, None], (4, 6))
+    m = mask.numpy()
+    expected = (a - a[m].mean()) * (logp.numpy() - logp.numpy()[m].mean()) * m
+    np.testing.assert_allclose(cov.numpy(), expected, atol=1e-6)
+    per_token = torch.randn(4, 6, generator=g)
+    expected2 = (per_token.numpy() - per_token.numpy()[m].mean()) * (logp.numpy() - logp.numpy()[m].mean()) * m
+    np.testing.assert_allclose(token_covariance(per_token, logp, mask).numpy(), expected2, atol=1e-6)
+    with pytest.raises(ValueError, match="advantages"):
+        token_covariance(torch.randn(3), logp, mask)
+
+
+# ---------------------------------------------------------------------------- histograms and summaries
+
+
+def test_entropy_edges_resolve_low_entropy_and_cover_qwen_vocab():
+    edges = ENTROPY_EDGES
+    assert edges[0] == 0.0 and np.all(np.diff(edges) > 0)
+    assert edges[-1] >= math.log(151_936)
+    assert (edges < 0.01).sum() >= 10  # the mass below 0.01 nats is split into ≥ 10 bins
+    assert metrics.FORK_ENTROPY in edges
+
+
+def test_histogram_counts_match_numpy_with_overflow_in_last_bin():
+    g = np.random.default_rng(20)
+    values = np.concatenate([g.exponential(0.5, 1000), [0.0, 15.0, 30.0, ENTROPY_EDGES[-1]]])
+    counts = histogram(torch.tensor(values))
+    expected, _ = np.histogram(np.clip(values, 0, ENTROPY_EDGES[-1]), bins=ENTROPY_EDGES)
+    assert counts.tolist() == expected.tolist() and counts.sum() == values.size
+    assert counts[-1] >= 3
+    assert histogram([0.5, 1.5, 2.5], edges=[0, 1, 2]).tolist() == [1, 2]
+    with pytest.raises(ValueError, match="NaN"):
+        histogram([float("nan")])
+
+
+def test_summarize_matches_numpy_over_valid_tokens():
+    z = random_logits((4, 10, 64), scale=4.0, seed=21)
+    mask = torch.rand(4, 10, generator=torch.Generator().manual_seed(22)) < 0.6
+    stats = token_stats(z, mask=mask, tokens=torch.zeros(4, 10, dtype=torch.long), group_ids=[0, 0, 1, 1])
+    summary = summarize(stats)
+    m = mask.numpy()
+    h = stats.entropy.numpy()[m].astype(np.float64)
+    assert summary["tokens/count"] == m.sum()
+    assert summary["entropy/mean"] == pytest.approx(h.mean(), abs=1e-6)
+    for name, q in (("p20", 0.2), ("p50", 0.5), ("p80", 0.8), ("p95", 0.95)):
+        assert summary[f"entropy/{name}"] == pytest.approx(np.quantile(h, q), abs=1e-6)
+    assert summary["fork/frac"] == pytest.approx((h >= 0.672).mean())
+    for key, field in (("renyi2/mean", "renyi2"), ("top1/mean", "top1"), ("logp/mean", "logp"), ("js/mean", "js")):
+        assert summary[key] == pytest.approx(getattr(stats, field).numpy()[m].mean(), abs=1e-6)
+    bare = summarize(token_stats(z))
+    assert "logp/mean" not in bare and "js/mean" not in bare
+    assert summarize(token_stats(z, mask=torch.zeros(4, 10, dtype=torch.bool))) == {"tokens/count": 0.0}
