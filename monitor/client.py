@@ -1,0 +1,570 @@
+"""The sink every producer logs through: in-process (LocalSink), HTTP (HttpSink) or nothing.
+
+Logging never blocks training on I/O: records are buffered and a background thread sends
+them in batches (Arrow IPC for per-token rows, JSON for the rest), retries with backoff, and
+spools to disk while the collector is unreachable, replaying in order when it returns.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import math
+import os
+import sys
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+log = logging.getLogger("forksight.client")
+
+DEFAULT_URL = "http://127.0.0.1:8050"
+DEFAULT_DB = "forksight.duckdb"
+SPOOL_ROOT = Path(".forksight") / "spool"
+
+
+# ---------------------------------------------------------------------------- shared
+def _finite_scalars(step: int, values: Mapping[str, Any], weight, warned: set) -> list[dict]:
+    # a NaN loss must not crash training, and the store refuses NaN: drop it and say so once
+    rows, now = [], time.time()
+    for key, value in values.items():
+        value = float(value.item() if hasattr(value, "item") else value)
+        if not math.isfinite(value):
+            if key not in warned:
+                warned.add(key)
+                log.warning("scalar %r is %s at step %s: not stored (the store keeps finite numbers only)",
+                            key, value, step)
+            continue
+        rows.append({"step": int(step), "key": str(key), "value": value,
+                     "weight": None if weight is None else float(weight), "wall_time": now})
+    return rows
+
+
+def _sample_rows(step: int, rows: Sequence[Mapping[str, Any]]) -> list[dict]:
+    out = []
+    for i, row in enumerate(rows):
+        row = {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+        row.setdefault("sample_id", i)
+        row["step"] = int(step)
+        out.append(row)
+    return out
+
+
+def _histogram_item(step: int, key: str, counts, edges) -> dict:
+    import numpy as np
+
+    return {"step": int(step), "key": str(key),
+            "counts": np.asarray(counts, dtype=np.float64).tolist(),
+            "edges": np.asarray(edges, dtype=np.float64).tolist()}
+
+
+_uncaught = {"seen": False}
+
+
+def _note_uncaught(prev_hook):
+    def hook(*exc_info):
+        _uncaught["seen"] = True
+        prev_hook(*exc_info)
+    return hook
+
+
+sys.excepthook = _note_uncaught(sys.excepthook)
+_open_sinks: "weakref.WeakSet[_Sink]" = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_open_sinks() -> None:
+    # the training script ended without finish(): flush, and say how it ended
+    for sink in list(_open_sinks):
+        sink.finish(status="crashed" if _uncaught["seen"] else "finished")
+
+
+class _Sink:
+    """Common state: alerts received and the stop flag."""
+
+    run_id: str = ""
+
+    def __init__(self, stop_on_alert: bool = False):
+        self.alerts: list[dict] = []
+        self.stop_on_alert = stop_on_alert
+        self._stop = False
+        self._warned: set = set()
+        self._finished = False
+
+    @property
+    def should_stop(self) -> bool:
+        """True once a critical alert arrived and stop_on_alert is set."""
+        return self._stop
+
+    def _on_alerts(self, alerts: list[dict]) -> None:
+        for alert in alerts:
+            self.alerts.append(alert)
+            if self.stop_on_alert and alert.get("severity") == "critical":
+                self._stop = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.finish(status="crashed" if exc_type else "finished")
+
+
+# ---------------------------------------------------------------------------- null
+class NullSink(_Sink):
+    """Same methods, does nothing (ranks > 0 without a collector, tests)."""
+
+    def __init__(self, run_id: str = "null"):
+        super().__init__()
+        self.run_id = run_id
+
+    def log_scalars(self, step: int, values: Mapping[str, Any], weight: float | None = None) -> None:
+        pass
+
+    def log_tokens(self, step: int, columns: Mapping[str, Any]) -> None:
+        pass
+
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        pass
+
+    def log_histogram(self, step: int, key: str, counts, edges) -> None:
+        pass
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return True
+
+    def finish(self, status: str = "finished") -> None:
+        self._finished = True
+
+
+# ---------------------------------------------------------------------------- local
+class LocalSink(_Sink):
+    """In-process: owns a Store (and its alert hub) on a DuckDB file; writes via its queue."""
+
+    def __init__(self, db: str, run: str, *, project: str = "default", strategy: str | None = None,
+                 model: str | None = None, config: dict | None = None, rank: int = 0,
+                 stop_on_alert: bool = False, store=None):
+        from monitor.store import Store
+
+        super().__init__(stop_on_alert)
+        self._owns_store = store is None
+        self.store = store if store is not None else Store(db)
+        self.reader = self.store.reader
+        self.rank = rank
+        self.run_id = self.store.create_run(run, project=project, strategy=strategy, model=model,
+                                            config=config)
+        self._pending: set = set()
+        self._lock = threading.Lock()
+        _open_sinks.add(self)
+
+    def _submit(self, **tables) -> None:
+        from monitor.store import Records
+
+        fut = self.store.write(self.run_id, Records(**tables))
+        with self._lock:
+            self._pending.add(fut)
+        fut.add_done_callback(self._done)
+
+    def _done(self, fut) -> None:
+        with self._lock:
+            self._pending.discard(fut)
+        exc = fut.exception()
+        if exc is not None:
+            log.error("forksight: a write to %s failed: %s", self.store.path, exc)
+        else:
+            self._on_alerts(fut.result().alerts)
+
+    def log_scalars(self, step: int, values: Mapping[str, Any], weight: float | None = None) -> None:
+        """Per-step numbers; weight = token count, used when ranks are merged."""
+        from monitor.store import scalars_table
+
+        rows = _finite_scalars(step, values, weight, self._warned)
+        if rows:
+            self._submit(scalars=scalars_table(rows, self.rank))
+
+    def log_tokens(self, step: int, columns: Mapping[str, Any]) -> None:
+        """Per-token columns of equal length (sample_id, pos, token_id, token, entropy, ...)."""
+        from monitor.store import tokens_table
+
+        self._submit(tokens=tokens_table(columns, step=step, rank=self.rank))
+
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        from monitor.store import samples_table
+
+        if rows:
+            self._submit(samples=samples_table(_sample_rows(step, rows), self.rank))
+
+    def log_histogram(self, step: int, key: str, counts, edges) -> None:
+        from monitor.store import histograms_table
+
+        self._submit(histograms=histograms_table([_histogram_item(step, key, counts, edges)], self.rank))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything logged so far is stored (and its alerts received)."""
+        self.store.flush()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:               # done-callbacks may still be running on the writer thread
+            with self._lock:
+                if not self._pending:
+                    return True
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+
+    def finish(self, status: str = "finished") -> None:
+        """Flush, mark the run, and close the store if this sink opened it."""
+        if self._finished:
+            return
+        self._finished = True
+        _open_sinks.discard(self)
+        self.flush()
+        self.store.update_run(self.run_id, status=status)
+        if self._owns_store:
+            self.store.close()
+
+
+# ---------------------------------------------------------------------------- http
+class _Item:
+    """One request to the collector; `body` is exactly what is sent (and spooled)."""
+
+    __slots__ = ("kind", "batch_id", "body", "rows", "path")
+
+    def __init__(self, kind: str, batch_id: str, body: bytes, rows: int = 0, path: Path | None = None):
+        self.kind, self.batch_id, self.body, self.rows, self.path = kind, batch_id, body, rows, path
+
+
+class HttpSink(_Sink):
+    """Streams to a collector from a background thread; spools to disk while it is down."""
+
+    def __init__(self, url: str, run: str, *, project: str = "default", strategy: str | None = None,
+                 model: str | None = None, config: dict | None = None, rank: int = 0,
+                 stop_on_alert: bool = False, token: str | None = None,
+                 flush_interval: float = 0.25, max_batch_rows: int = 262_144,
+                 spool_dir: str | os.PathLike | None = None, retries: int = 3,
+                 heartbeat_interval: float = 10.0):
+        import httpx
+
+        super().__init__(stop_on_alert)
+        self.url = url.rstrip("/")
+        self.rank = rank
+        self.flush_interval = flush_interval
+        self.max_batch_rows = max_batch_rows
+        self.retries = retries
+        self.heartbeat_interval = heartbeat_interval
+        token = token or os.environ.get("FORKSIGHT_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers,
+                                  timeout=httpx.Timeout(60.0, connect=2.0))
+        self.sent_rows = 0                 # token/scalar/... rows the collector acknowledged
+        self.rejected: list[str] = []      # messages of batches the collector refused (4xx)
+        self._run_meta = {"name": run, "project": project, "strategy": strategy, "model": model,
+                          "config": config}
+        self.run_id = self._open_run(run, rank)
+        self._spool = Path(spool_dir) if spool_dir else SPOOL_ROOT / f"{self.run_id}.r{rank}.{uuid.uuid4().hex[:8]}"
+        self._spool_seq = 0
+        self._lock = threading.Lock()
+        self._buf: dict[str, list] = {"scalars": [], "samples": [], "histograms": [], "tokens": []}
+        self._buf_rows = 0
+        self._outbox: deque[_Item] = deque()
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._closing = False
+        self._next_try = 0.0
+        self._backoff = 0.5
+        self._last_contact = time.monotonic()
+        if self._pending_create is not None:
+            self._spool_item(self._pending_create)
+        self._thread = threading.Thread(target=self._loop, name=f"forksight-sink-{self.run_id}", daemon=True)
+        self._thread.start()
+        _open_sinks.add(self)
+
+    # -- run creation: name unless taken; ranks > 0 join the live run of that name
+    def _open_run(self, name: str, rank: int) -> str:
+        import httpx
+
+        self._pending_create = None
+        body = {k: v for k, v in self._run_meta.items() if v is not None}
+        deadline = time.monotonic() + (30.0 if rank else 0.0)
+        while True:
+            try:
+                resp = self._http.post("/api/runs", json={**body, "join": rank > 0})
+            except httpx.TransportError as exc:
+                log.warning("forksight: collector %s unreachable (%s); spooling run %r to disk until it answers",
+                            self.url, exc, name)
+                self._pending_create = _Item("run", "run", json.dumps({**body, "run_id": name}).encode())
+                return name
+            if resp.status_code == 404 and rank and time.monotonic() < deadline:
+                time.sleep(0.5)              # rank 0 has not created the run yet
+                continue
+            if resp.status_code == 404 and rank:
+                resp = self._http.post("/api/runs", json=body)
+            if resp.status_code >= 400:
+                raise RuntimeError(f"collector refused run {name!r}: {resp.status_code} {resp.text}")
+            return resp.json()["run_id"]
+
+    # -- logging API: append to buffers under a lock, never I/O
+    def _append(self, kind: str, items: list, rows: int) -> None:
+        with self._lock:
+            self._buf[kind].extend(items)
+            self._buf_rows += rows
+            self._idle.clear()
+            full = self._buf_rows >= self.max_batch_rows
+        if full:
+            self._wake.set()
+
+    def log_scalars(self, step: int, values: Mapping[str, Any], weight: float | None = None) -> None:
+        """Per-step numbers; weight = token count, used when ranks are merged."""
+        rows = _finite_scalars(step, values, weight, self._warned)
+        self._append("scalars", rows, len(rows))
+
+    def log_tokens(self, step: int, columns: Mapping[str, Any]) -> None:
+        """Per-token columns of equal length; validated now, sent as Arrow IPC."""
+        from monitor.store import tokens_table
+
+        table = tokens_table(columns, step=step, rank=self.rank)
+        self._append("tokens", [table], table.num_rows)
+
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        rows = _sample_rows(step, rows)
+        self._append("samples", rows, len(rows))
+
+    def log_histogram(self, step: int, key: str, counts, edges) -> None:
+        self._append("histograms", [_histogram_item(step, key, counts, edges)], 1)
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until everything logged so far is acknowledged; False on timeout (kept in spool)."""
+        self._wake.set()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._idle.wait(0.05):
+            self._wake.set()
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+        return True
+
+    def finish(self, status: str = "finished", timeout: float = 30.0) -> None:
+        """Flush, mark the run, stop the thread. Undelivered batches stay in the spool dir."""
+        if self._finished:
+            return
+        self._finished = True
+        _open_sinks.discard(self)
+        self.flush(timeout)
+        with self._lock:
+            self._outbox.append(_Item("status", "status", json.dumps({"status": status}).encode()))
+            self._idle.clear()
+        self.flush(min(timeout, 5.0))
+        self._closing = True
+        self._wake.set()
+        self._thread.join(timeout=5.0)
+        left = self.spooled()
+        if left:
+            log.warning("forksight: %d batch(es) for run %s not delivered; kept in %s", left, self.run_id, self._spool)
+        self._http.close()
+
+    def spooled(self) -> int:
+        """Batches waiting on disk."""
+        return len(list(self._spool.glob("*.req"))) if self._spool.exists() else 0
+
+    # -- the background thread
+    def _loop(self) -> None:
+        while not self._closing:
+            self._wake.wait(self.flush_interval)
+            self._wake.clear()
+            try:
+                self._take_buffers()
+                self._pump()
+                if time.monotonic() - self._last_contact > self.heartbeat_interval:
+                    self._send(_Item("heartbeat", "heartbeat", b""))
+            except Exception:  # noqa: BLE001 - the sender must survive anything
+                log.exception("forksight: sender error (will retry)")
+            with self._lock:
+                if not self._outbox and not any(self._buf.values()) and not self.spooled():
+                    self._idle.set()
+
+    def _take_buffers(self) -> None:
+        with self._lock:
+            buf, self._buf = self._buf, {"scalars": [], "samples": [], "histograms": [], "tokens": []}
+            self._buf_rows = 0
+        items: list[_Item] = []
+        if buf["scalars"] or buf["samples"] or buf["histograms"]:
+            batch_id = uuid.uuid4().hex
+            body = {"batch_id": batch_id, "rank": self.rank, "scalars": buf["scalars"],
+                    "samples": buf["samples"], "histograms": buf["histograms"]}
+            rows = len(buf["scalars"]) + len(buf["samples"]) + len(buf["histograms"])
+            items.append(_Item("json", batch_id, json.dumps(body).encode(), rows))
+        if buf["tokens"]:
+            import pyarrow as pa
+
+            table = pa.concat_tables(buf["tokens"])
+            for start in range(0, table.num_rows, self.max_batch_rows):
+                part = table.slice(start, self.max_batch_rows)
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, part.schema) as writer:
+                    writer.write_table(part)
+                items.append(_Item("arrow", uuid.uuid4().hex, sink.getvalue().to_pybytes(), part.num_rows))
+        with self._lock:
+            self._outbox.extend(items)
+
+    def _pump(self) -> None:
+        # order is sacred: the spool (older) drains before the outbox (newer)
+        if self.spooled():
+            if time.monotonic() < self._next_try:
+                self._spool_outbox()
+                return
+            for path in sorted(self._spool.glob("*.req")):
+                item = self._read_spooled(path)
+                if not self._send(item, retries=1):
+                    self._retry_later()
+                    self._spool_outbox()
+                    return
+                path.unlink()
+            self._backoff = 0.5
+        while True:
+            with self._lock:
+                if not self._outbox:
+                    return
+                item = self._outbox[0]
+            if not self._send(item, retries=self.retries):
+                self._retry_later()
+                self._spool_outbox()
+                return
+            with self._lock:
+                self._outbox.popleft()
+
+    def _retry_later(self) -> None:
+        self._next_try = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, 10.0)
+
+    def _spool_outbox(self) -> None:
+        while True:
+            with self._lock:
+                if not self._outbox:
+                    return
+                item = self._outbox.popleft()
+            self._spool_item(item)
+
+    def _spool_item(self, item: _Item) -> None:
+        self._spool.mkdir(parents=True, exist_ok=True)
+        self._spool_seq += 1
+        path = self._spool / f"{self._spool_seq:012d}.{item.kind}.{item.batch_id}.{item.rows}.req"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(item.body)
+        os.replace(tmp, path)        # a file is either absent or whole
+
+    @staticmethod
+    def _read_spooled(path: Path) -> _Item:
+        _, kind, batch_id, rows, _ = path.name.split(".")
+        return _Item(kind, batch_id, path.read_bytes(), int(rows), path)
+
+    def _request(self, item: _Item):
+        base = f"/api/runs/{self.run_id}"
+        if item.kind == "json":
+            return self._http.post(f"{base}/ingest", content=item.body,
+                                   headers={"Content-Type": "application/json"})
+        if item.kind == "arrow":
+            from monitor.schema import ARROW_MEDIA_TYPE
+
+            return self._http.post(f"{base}/tokens", content=item.body,
+                                   params={"batch_id": item.batch_id, "rank": self.rank},
+                                   headers={"Content-Type": ARROW_MEDIA_TYPE})
+        if item.kind == "run":
+            return self._http.post("/api/runs", content=item.body, headers={"Content-Type": "application/json"})
+        if item.kind == "status":
+            return self._http.patch(base, content=item.body, headers={"Content-Type": "application/json"})
+        return self._http.post(f"{base}/heartbeat")
+
+    def _send(self, item: _Item, retries: int = 3) -> bool:
+        """True when the collector acknowledged (or refused for good); False: try again later."""
+        import httpx
+
+        delay = 0.1
+        for attempt in range(max(1, retries)):
+            try:
+                resp = self._http_send(item)
+            except httpx.TransportError:
+                resp = None
+            if resp is not None and resp.status_code < 400:
+                self._last_contact = time.monotonic()
+                if item.kind in ("json", "arrow"):
+                    self.sent_rows += item.rows
+                    self._on_alerts(resp.json().get("alerts", []))
+                return True
+            if resp is not None and resp.status_code == 404 and item.kind != "run" and self._recreate_run():
+                continue                     # a fresh collector on a new file: the run comes back
+            if resp is not None and resp.status_code in (400, 401, 403, 404, 413, 422):
+                message = f"{item.kind} batch {item.batch_id}: {resp.status_code} {resp.text[:500]}"
+                self.rejected.append(message)
+                log.error("forksight: collector refused %s", message)
+                return True                  # retrying cannot help; do not block the rest
+            if attempt + 1 < retries:
+                time.sleep(delay)
+                delay *= 2
+        return False
+
+    def _http_send(self, item: _Item):
+        return self._request(item)
+
+    def _recreate_run(self) -> bool:
+        import httpx
+
+        body = {k: v for k, v in self._run_meta.items() if v is not None}
+        try:
+            resp = self._http.post("/api/runs", json={**body, "run_id": self.run_id})
+        except httpx.TransportError:
+            return False
+        return resp.status_code < 400
+
+
+# ---------------------------------------------------------------------------- open
+def collector_answers(url: str, token: str | None = None, timeout: float = 0.5) -> bool:
+    """True when a forksight collector answers GET /api/health at url."""
+    import httpx
+
+    token = token or os.environ.get("FORKSIGHT_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        resp = httpx.get(url.rstrip("/") + "/api/health", timeout=timeout, headers=headers)
+        return resp.status_code == 200 and resp.json().get("service") == "forksight"
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
+def open_sink(run: str = "run", url: str | None = None, db: str | None = None, *,
+              strategy: str | None = None, model: str | None = None, config: dict | None = None,
+              project: str = "default", rank: int = 0, stop_on_alert: bool = False,
+              embedded: bool = True, token: str | None = None) -> _Sink:
+    """The sink for one run: HTTP to `url`, in-process on `db`, or the embedded default.
+
+    With neither: stream to the collector at $FORKSIGHT_URL (default http://127.0.0.1:8050);
+    if nothing answers and embedded is set, rank 0 starts one in this process on
+    ./forksight.duckdb. Ranks > 0 never open a DuckDB file (one process owns it).
+    """
+    meta = dict(project=project, strategy=strategy, model=model, config=config, rank=rank,
+                stop_on_alert=stop_on_alert)
+    if url:
+        return HttpSink(url, run, token=token, **meta)
+    if db:
+        if rank:
+            log.info("forksight: rank %d logs nothing with db=... (one process owns the file)", rank)
+            return NullSink(run)
+        return LocalSink(db, run, **meta)
+    url = os.environ.get("FORKSIGHT_URL", DEFAULT_URL)
+    if collector_answers(url, token):
+        return HttpSink(url, run, token=token, **meta)
+    if rank:
+        for _ in range(20):                 # give rank 0 time to start the embedded collector
+            time.sleep(0.5)
+            if collector_answers(url, token):
+                return HttpSink(url, run, token=token, **meta)
+        log.warning("forksight: no collector at %s for rank %d; logging nothing", url, rank)
+        return NullSink(run)
+    if not embedded:
+        raise RuntimeError(f"no forksight collector answers at {url}; start one with `forksight serve` "
+                           "or pass db=PATH for an in-process store")
+    from monitor.server import start_embedded
+
+    start_embedded(url, db=os.environ.get("FORKSIGHT_DB", DEFAULT_DB), token=token)
+    return HttpSink(url, run, token=token, **meta)
