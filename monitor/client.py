@@ -567,4 +567,7 @@ def open_sink(run: str = "run", url: str | None = None, db: str | None = None, *
     from monitor.server import start_embedded
 
     start_embedded(url, db=os.environ.get("FORKSIGHT_DB", DEFAULT_DB), token=token)
+    # atexit runs last-registered first: sinks must flush before the embedded collector stops
+    atexit.unregister(_finish_open_sinks)
+    atexit.register(_finish_open_sinks)
     return HttpSink(url, run, token=token, **meta)

@@ -333,8 +333,12 @@ class Reader:
 
     def step_scalars(self, run_id: str, step: int) -> dict[str, float]:
         """All scalars of one step, ranks merged (what the alert hub sees)."""
-        df = self.read_scalars(run_id, since_step=step, downsample=1 << 62)
-        df = df[df.step == step]
+        df = self._query("""
+            SELECT key, step, CASE WHEN sum(coalesce(weight, 1)) > 0
+                                   THEN sum(value * coalesce(weight, 1)) / sum(coalesce(weight, 1))
+                                   ELSE avg(value) END AS value, count(DISTINCT rank) AS ranks
+            FROM scalars WHERE run_id = ? AND step = ? GROUP BY key, step""", [run_id, int(step)])
+        df = self._merge_percentiles(run_id, df)
         return dict(zip(df.key, df.value.astype(float)))
 
     def read_histograms(self, run_id: str, key: str = "entropy", downsample: int = 1000,

@@ -1,0 +1,71 @@
+"""`forksight serve` (the collector + dashboard) and `forksight export` (Parquet for a data lake)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def add_parser(subparsers) -> None:
+    """Register `serve` and `export`."""
+    serve = subparsers.add_parser("serve", help="run the collector and dashboard on one DuckDB file",
+                                  description="Run the collector (FastAPI) and the dashboard in one process "
+                                  "that owns the DuckDB file. Binding anything but loopback needs a token.")
+    serve.add_argument("--db", default="forksight.duckdb", help="DuckDB file (created if missing)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    serve.add_argument("--port", type=int, default=8050)
+    serve.add_argument("--token", default=None,
+                       help="require 'Authorization: Bearer TOKEN' on every request (default $FORKSIGHT_TOKEN)")
+    serve.add_argument("--no-dashboard", action="store_true", help="serve the API only")
+    serve.set_defaults(func=run_serve)
+
+    export = subparsers.add_parser("export", help="write a run as hive-partitioned Parquet",
+                                   description="Write one run's tables to DIR/<table>/run_id=<id>/*.parquet; "
+                                   "read back with read_parquet('DIR/<table>/**/*.parquet', hive_partitioning=true).")
+    export.add_argument("--db", required=True, help="DuckDB file (not held by a running collector)")
+    export.add_argument("--run", required=True, help="run id")
+    export.add_argument("--out", required=True, help="output directory")
+    export.set_defaults(func=run_export)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from monitor.server import create_app, is_loopback
+    from monitor.store import Store
+
+    token = args.token or os.environ.get("FORKSIGHT_TOKEN") or None
+    if not is_loopback(args.host) and not token:
+        print(f"forksight serve: binding {args.host} exposes every run to the network; pass --token T "
+              "(or set FORKSIGHT_TOKEN) and send 'Authorization: Bearer T'", file=sys.stderr)
+        return 2
+    try:
+        store = Store(args.db)
+    except RuntimeError as exc:
+        print(f"forksight serve: {exc}", file=sys.stderr)
+        return 1
+    try:
+        app = create_app(store, token=token, dashboard=not args.no_dashboard)
+    except BaseException:
+        store.close()
+        raise
+    print(f"forksight collector on http://{args.host}:{args.port} (db {args.db}); "
+          f"API docs at /docs{'; token required' if token else ''}", flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    finally:
+        store.close()
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from monitor.export import export_file
+
+    try:
+        written = export_file(args.db, args.run, args.out)
+    except (RuntimeError, LookupError, FileNotFoundError, ValueError) as exc:
+        print(f"forksight export: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"run_id": args.run, "out": args.out, "rows": written}))
+    return 0

@@ -1,0 +1,426 @@
+"""The collector: a FastAPI app over one Store (ingest, runs, reads), plus the embedded mode.
+
+Routes are thin; the `*_impl` functions do the work and are what tests and the dashboard
+could call directly. Every input is validated (monitor/schema.py holds the limits); a refused
+request stores nothing, and the server keeps serving.
+"""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import hmac
+import ipaddress
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from http.cookies import SimpleCookie
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pandas as pd
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from pydantic import ValidationError
+from starlette.background import BackgroundTask
+
+from monitor.schema import (
+    ARROW_MEDIA_TYPE, BATCH_ID_RE, MAX_BODY_BYTES, MAX_RANK, RUN_ID_RE, Batch, RunCreate, RunUpdate, limits,
+)
+from monitor.store import (
+    Records, RecordError, Store, histograms_table, samples_table, scalars_table, tokens_table,
+)
+
+log = logging.getLogger("forksight.server")
+TOKEN_COOKIE = "forksight_token"
+
+
+class ApiError(Exception):
+    """An HTTP error with a message that says what was wrong and what to do."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _where(loc: tuple) -> str:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+    return out or "body"
+
+
+def validation_message(errors: list[dict]) -> str:
+    """Pydantic errors -> one line per field: 'scalars[0].value: Input should be a finite number'."""
+    return "; ".join(f"{_where(tuple(e.get('loc', ())))}: {e.get('msg')}" for e in errors[:20])
+
+
+# ---------------------------------------------------------------------------- impl (pure)
+def _require_run(store: Store, known: set, run_id: str) -> None:
+    if run_id in known:
+        return
+    if not RUN_ID_RE.match(run_id) or not store.reader.has_run(run_id):
+        raise ApiError(404, f"unknown run {run_id!r}: create it first with POST /api/runs")
+    known.add(run_id)
+
+
+def batch_records(batch: Batch) -> Records:
+    """A validated JSON batch -> Arrow tables for the store."""
+    rank = batch.rank
+    tokens = None
+    if batch.tokens:
+        import pyarrow as pa
+
+        tokens = pa.concat_tables([
+            tokens_table({k: v for k, v in block.model_dump().items() if k != "step" and v is not None},
+                         step=block.step, rank=rank) for block in batch.tokens])
+    return Records(
+        scalars=scalars_table([r.model_dump() for r in batch.scalars], rank) if batch.scalars else None,
+        samples=samples_table([r.model_dump() for r in batch.samples], rank) if batch.samples else None,
+        histograms=histograms_table([r.model_dump() for r in batch.histograms], rank) if batch.histograms else None,
+        tokens=tokens,
+    )
+
+
+def parse_json_batch(body: bytes) -> Batch:
+    """Bytes -> Batch; 400 for malformed JSON, 422 naming the field for anything else."""
+    try:
+        return Batch.model_validate_json(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        if errors and errors[0]["type"] == "json_invalid":
+            raise ApiError(400, f"body is not valid JSON ({errors[0]['msg']}); send one JSON object") from None
+        raise ApiError(422, validation_message(errors)) from None
+
+
+def parse_arrow_tokens(body: bytes, rank: int) -> Records:
+    """An Arrow IPC stream of per-token columns -> Records; 422 naming what is wrong."""
+    import pyarrow as pa
+
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+        raise ApiError(400, f"body is not an Arrow IPC stream ({exc}); send {ARROW_MEDIA_TYPE}") from None
+    try:
+        return Records(tokens=tokens_table(table, rank=rank))
+    except RecordError as exc:
+        raise ApiError(422, str(exc)) from None
+
+
+async def ingest_impl(store: Store, known: set, run_id: str, records: Records, batch_id: str) -> dict:
+    """Store one batch (once per batch id) and return what happened, with any alerts."""
+    _require_run(store, known, run_id)
+    result = await asyncio.wrap_future(store.write(run_id, records, batch_id))
+    return {"run_id": run_id, "batch_id": batch_id, "stored": result.stored,
+            "duplicate": not result.stored, "rows": result.rows, "alerts": result.alerts}
+
+
+def frame_response(df: pd.DataFrame) -> Response:
+    """A DataFrame as JSON records (NaN/NA -> null)."""
+    return Response(df.to_json(orient="records", double_precision=15), media_type="application/json")
+
+
+def export_impl(store: Store, run_id: str) -> str:
+    """Write the run's hive-partitioned Parquet into a temp dir, zip it; return the zip path."""
+    from monitor.export import export_tables
+
+    tmp = tempfile.mkdtemp(prefix="forksight-export-")
+    with store.reader._lock:
+        cur = store.reader._conn.cursor()
+    try:
+        export_tables(cur, run_id, os.path.join(tmp, run_id))
+    finally:
+        cur.close()
+    return shutil.make_archive(os.path.join(tmp, run_id), "zip", tmp, run_id)
+
+
+# ---------------------------------------------------------------------------- auth, limits
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class GuardMiddleware:
+    """Pure ASGI: refuse bodies over MAX_BODY_BYTES (413) and, with a token, anything without it (401)."""
+
+    def __init__(self, app, token: str | None, max_body: int = MAX_BODY_BYTES):
+        self.app, self.token, self.max_body = app, token, max_body
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        set_cookie = False
+        if self.token:
+            supplied = None
+            auth = headers.get("authorization", "")
+            if auth.lower().startswith("bearer "):
+                supplied = auth[7:].strip()
+            elif "cookie" in headers:
+                cookie = SimpleCookie()
+                cookie.load(headers["cookie"])
+                if TOKEN_COOKIE in cookie:
+                    supplied = cookie[TOKEN_COOKIE].value
+            if supplied is None:
+                query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+                if "token" in query:
+                    supplied, set_cookie = query["token"][0], True
+            if supplied is None or not hmac.compare_digest(supplied.encode(), self.token.encode()):
+                what = "missing" if supplied is None else "wrong"
+                return await _send_json(send, 401, f"{what} token: send 'Authorization: Bearer <token>' "
+                                        "(browsers: open the dashboard once with ?token=<token>)")
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            return await _send_json(send, 413, f"body is {length} bytes; the limit is {self.max_body}: "
+                                    "send smaller batches")
+        if set_cookie:
+            token = self.token
+
+            async def send_with_cookie(message):
+                if message["type"] == "http.response.start":
+                    cookie = f"{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict".encode()
+                    message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", cookie)]}
+                await send(message)
+            return await self.app(scope, receive, send_with_cookie)
+        return await self.app(scope, receive, send)
+
+
+async def _send_json(send, status: int, detail: str) -> None:
+    import json
+
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request body, refusing (413) past `limit` even without a Content-Length."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"body is over {limit} bytes; send smaller batches")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# ---------------------------------------------------------------------------- app
+def create_app(store: Store, *, token: str | None = None, dashboard: bool = True) -> FastAPI:
+    """The collector app over `store`; /api routes first, the Dash dashboard mounted at /."""
+    app = FastAPI(title="forksight collector", version="0.1.0",
+                  description="Ingest of per-step and per-token training diagnostics; reads for the dashboard.")
+    app.state.store = store
+    known: set = set()
+    reader = store.reader
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        return JSONResponse({"detail": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        errors = list(exc.errors())
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return JSONResponse({"detail": "body is not valid JSON; send one JSON object"}, status_code=400)
+        return JSONResponse({"detail": validation_message(errors)}, status_code=422)
+
+    @app.get("/api/health")
+    def health() -> dict:
+        return {"service": "forksight", "status": "ok", "db": store.path, "time": time.time(), "limits": limits()}
+
+    @app.post("/api/runs", status_code=201)
+    def create_run(body: RunCreate) -> dict:
+        try:
+            run_id = store.create_run(body.name, project=body.project, strategy=body.strategy,
+                                      model=body.model, config=body.config, run_id=body.run_id, join=body.join)
+        except LookupError as exc:
+            raise ApiError(404, f"{exc}; rank 0 creates it (POST /api/runs without join)") from None
+        known.add(run_id)
+        return {"run_id": run_id}
+
+    @app.get("/api/runs")
+    def list_runs() -> Response:
+        return frame_response(reader.list_runs())
+
+    @app.get("/api/runs/{run_id}")
+    def get_run(run_id: str) -> dict:
+        run = reader.run(run_id)
+        if run is None:
+            raise ApiError(404, f"unknown run {run_id!r}: see GET /api/runs")
+        return {k: (None if _isna(v) else v) for k, v in run.items()}
+
+    @app.patch("/api/runs/{run_id}")
+    def update_run(run_id: str, body: RunUpdate) -> dict:
+        if not store.update_run(run_id, status=body.status, strategy=body.strategy, model=body.model,
+                                config=body.config):
+            raise ApiError(404, f"unknown run {run_id!r}: create it first with POST /api/runs")
+        return {"run_id": run_id, "status": body.status}
+
+    @app.post("/api/runs/{run_id}/heartbeat")
+    def heartbeat(run_id: str) -> dict:
+        if not store.heartbeat(run_id):
+            raise ApiError(404, f"unknown run {run_id!r}: create it first with POST /api/runs")
+        return {"run_id": run_id, "time": time.time()}
+
+    @app.post("/api/runs/{run_id}/ingest",
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": Batch.model_json_schema()}}}})
+    async def ingest(run_id: str, request: Request) -> dict:
+        """One JSON batch (scalars, samples, histograms, tokens); idempotent by batch_id."""
+        _require_run(store, known, run_id)
+        body = await read_body(request)
+        batch = parse_json_batch(body)
+        try:
+            records = batch_records(batch)
+        except RecordError as exc:
+            raise ApiError(422, str(exc)) from None
+        return await ingest_impl(store, known, run_id, records, batch.batch_id)
+
+    @app.post("/api/runs/{run_id}/tokens")
+    async def ingest_tokens(run_id: str, request: Request,
+                            batch_id: str = Query(..., description="idempotency key, [A-Za-z0-9._-]{1,64}"),
+                            rank: int = Query(0, ge=0, le=MAX_RANK)) -> dict:
+        """Per-token rows as an Arrow IPC stream (application/vnd.apache.arrow.stream)."""
+        if not BATCH_ID_RE.match(batch_id):
+            raise ApiError(422, "batch_id: must match [A-Za-z0-9._-]{1,64}")
+        _require_run(store, known, run_id)
+        body = await read_body(request)
+        return await ingest_impl(store, known, run_id, parse_arrow_tokens(body, rank), batch_id)
+
+    @app.get("/api/runs/{run_id}/scalar_keys")
+    def scalar_keys(run_id: str) -> list[str]:
+        return reader.scalar_keys(run_id)
+
+    @app.get("/api/runs/{run_id}/scalars")
+    def scalars(run_id: str, keys: str | None = Query(None, description="comma-separated keys"),
+                downsample: int = Query(1000, ge=1, le=100_000), since_step: int | None = None) -> Response:
+        key_list = [k for k in keys.split(",") if k] if keys else None
+        return frame_response(reader.read_scalars(run_id, key_list, downsample=downsample, since_step=since_step))
+
+    @app.get("/api/runs/{run_id}/histograms")
+    def histograms(run_id: str, key: str = "entropy", downsample: int = Query(1000, ge=1, le=100_000),
+                   since_step: int | None = None) -> Response:
+        return frame_response(reader.read_histograms(run_id, key, downsample=downsample, since_step=since_step))
+
+    @app.get("/api/runs/{run_id}/token_steps")
+    def token_steps(run_id: str) -> list[int]:
+        return reader.token_steps(run_id)
+
+    @app.get("/api/runs/{run_id}/tokens")
+    def tokens(run_id: str, step: int, sample_id: int | None = None) -> Response:
+        return frame_response(reader.read_tokens(run_id, step, sample_id))
+
+    @app.get("/api/runs/{run_id}/samples")
+    def samples(run_id: str, step: int | None = None, group_id: int | None = None,
+                limit: int = Query(10_000, ge=1, le=100_000)) -> Response:
+        return frame_response(reader.read_samples(run_id, step, group_id, limit=limit))
+
+    @app.get("/api/runs/{run_id}/counts")
+    def counts(run_id: str) -> dict:
+        return reader.row_counts(run_id)
+
+    @app.get("/api/alerts")
+    def alerts(run_id: str | None = None, since_step: int | None = None) -> Response:
+        return frame_response(reader.read_alerts(run_id, since_step))
+
+    @app.get("/api/runs/{run_id}/export", response_class=FileResponse)
+    def export(run_id: str):
+        """The run's tables as hive-partitioned Parquet in a zip (works while the collector holds the file)."""
+        _require_run(store, known, run_id)
+        path = export_impl(store, run_id)
+        return FileResponse(path, media_type="application/zip", filename=f"{run_id}-parquet.zip",
+                            background=BackgroundTask(shutil.rmtree, os.path.dirname(path), True))
+
+    if dashboard:
+        _mount_dashboard(app, reader)
+    app.add_middleware(GuardMiddleware, token=token)
+    return app
+
+
+def _isna(value: Any) -> bool:
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _mount_dashboard(app: FastAPI, reader) -> None:
+    # after the /api routes, so they stay first; skipped while dashboard/app.py does not exist
+    try:
+        from dashboard.app import create_dash
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("dashboard.app", "dashboard"):
+            raise
+        return
+    from a2wsgi import WSGIMiddleware
+
+    try:
+        dash_app = create_dash(reader, url_base="/")
+    except Exception:  # noqa: BLE001 - a broken page must not take ingest down with it
+        log.exception("forksight: the dashboard failed to start; serving the API only")
+        return
+    app.mount("/", WSGIMiddleware(dash_app.server))
+
+
+# ---------------------------------------------------------------------------- running it
+class Collector:
+    """A collector running in a daemon thread of this process (the embedded default, tests)."""
+
+    def __init__(self, db: str, host: str = "127.0.0.1", port: int = 8050, token: str | None = None,
+                 dashboard: bool = True):
+        import uvicorn
+
+        if not is_loopback(host) and not token:
+            raise ValueError(f"binding {host} needs a token (--token or FORKSIGHT_TOKEN): anyone on the "
+                             "network could write and read runs otherwise")
+        self.store = Store(db)
+        self.app = create_app(self.store, token=token, dashboard=dashboard)
+        self.url = f"http://{host}:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning",
+                                                    access_log=False, timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, name="forksight-collector", daemon=True)
+
+    def start(self, timeout: float = 20.0) -> "Collector":
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.store.close()
+                raise RuntimeError(f"the embedded collector could not start on {self.url} (port in use?)")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, then write what is queued and close the DuckDB file."""
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.store.close()
+
+
+_embedded: list[Collector] = []
+
+
+def start_embedded(url: str, db: str, token: str | None = None) -> Collector:
+    """Start a collector in this process at url (loopback), on `db`; stopped at exit."""
+    parsed = urlparse(url)
+    collector = Collector(db, host=parsed.hostname or "127.0.0.1", port=parsed.port or 8050, token=token).start()
+    log.warning("forksight: started an embedded collector on %s (db %s); it lives as long as this process",
+                collector.url, db)
+    _embedded.append(collector)
+    return collector
+
+
+@atexit.register
+def _stop_embedded() -> None:
+    # registered at import, before any sink exists: atexit runs it after sinks have flushed
+    while _embedded:
+        _embedded.pop().stop()
