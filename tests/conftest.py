@@ -30,3 +30,13 @@ def require_browser() -> str:
             pytest.fail("chromium is required in CI: apt-get install -y chromium chromium-driver")
         pytest.skip("chromium not installed (apt-get install -y chromium chromium-driver)")
     return path
+
+
+@pytest.fixture()
+def collector(tmp_path):
+    """A real `forksight serve` subprocess on a free loopback port over tmp_path/collector.duckdb
+    (API only; use collector_util.ServeProcess(..., dashboard=True) for the dashboard)."""
+    from collector_util import ServeProcess
+
+    with ServeProcess(tmp_path / "collector.duckdb") as srv:
+        yield srv

@@ -1,0 +1,107 @@
+"""Start a real `forksight serve` subprocess on a free loopback port and wait for /api/health.
+
+Reusable by any test (the `collector` fixture in conftest.py wraps it):
+
+    from collector_util import ServeProcess
+    with ServeProcess(tmp_path / "a.duckdb", dashboard=True) as srv:
+        httpx.get(srv.url + "/api/health")
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_health(url: str, token: str | None = None, timeout: float = 60.0, proc=None) -> None:
+    """Poll GET url/api/health until it answers 200; fail early if proc exits."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"forksight serve exited with {proc.returncode}:\n{proc.stdout.read() if proc.stdout else ''}")
+        try:
+            if httpx.get(url + "/api/health", headers=headers, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"no collector answered {url}/api/health within {timeout} s")
+
+
+class ServeProcess:
+    """`forksight serve --db DB --port PORT` as a subprocess; stop() is SIGTERM, kill() is SIGKILL."""
+
+    def __init__(self, db: str | os.PathLike, *, port: int | None = None, token: str | None = None,
+                 dashboard: bool = False, host: str = "127.0.0.1", env: dict | None = None):
+        self.db, self.port, self.token, self.host = str(db), port or free_port(), token, host
+        self.dashboard = dashboard
+        self.env = {**os.environ, **(env or {})}
+        self.env.pop("FORKSIGHT_TOKEN", None)
+        self.proc: subprocess.Popen | None = None
+        self.log_path = Path(self.db).with_suffix(f".serve-{self.port}.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def start(self, timeout: float = 60.0) -> "ServeProcess":
+        cmd = [sys.executable, "-m", "monitor.cli", "serve", "--db", self.db, "--host", self.host,
+               "--port", str(self.port)]
+        if self.token:
+            cmd += ["--token", self.token]
+        if not self.dashboard:
+            cmd.append("--no-dashboard")
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+        try:
+            wait_for_health(self.url, self.token, timeout, self.proc)
+        except Exception:
+            self.stop()
+            raise RuntimeError(f"collector did not start; its log:\n{self.log_path.read_text()[-3000:]}") from None
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no flush (what a crash looks like)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        """SIGTERM and wait: uvicorn shuts down and the store closes the file."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def __enter__(self) -> "ServeProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
