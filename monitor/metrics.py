@@ -35,8 +35,8 @@ FORK_ENTROPY = 0.672
 
 # Live [rows, V] float32 buffers per row in each path; `chunk_size` is a memory budget of
 # chunk_size × V float32 values, so rows per block = chunk_size // buffers.
-_STATS_BUFFERS = 2  # shifted logits s, exp(s)
-_JS_BUFFERS = 3  # s (later reused for M), p, group means P̄
+_STATS_BUFFERS = 3  # shifted logits s, exp(s), and a gathered/projected copy of the logits
+_JS_BUFFERS = 5  # s and exp(s) for B + G ≤ 2B rows per position each, plus the logits copy
 # Rows per block beyond which bigger blocks only cost cache misses (measured in bench/metrics.py):
 # about 4 MB of float32 working set keeps the re-reads of each block in L2/L3.
 _CACHE_FLOATS = 1 << 20
@@ -147,6 +147,22 @@ class _Logits:
             raise ValueError("the vocabulary dimension V is empty")
         self.logits, self.hidden, self.weight, self.bias = logits, hidden, weight, bias
 
+    def block(self, t_pos: Tensor) -> Tensor:
+        """Logits of all B rows at positions t_pos as [c, B, V] (a strided view when t_pos is a run)."""
+        if self.logits is not None:
+            if _is_run(torch.zeros_like(t_pos), t_pos, self.time):
+                return self.logits[:, int(t_pos[0]) : int(t_pos[-1]) + 1].transpose(0, 1)
+            return self.logits[:, t_pos].transpose(0, 1)
+        return self._project(self.hidden[:, t_pos].transpose(0, 1))
+
+    def _project(self, h: Tensor) -> Tensor:
+        # The model computes its logits in the weight's dtype; doing the same keeps this path
+        # equal to the logits path (float32 afterwards, like every other path).
+        z = h.to(self.weight.dtype) @ self.weight.T
+        if self.bias is not None:
+            z = z + self.bias.to(z.dtype)
+        return z
+
     def rows(self, b: Tensor, t: Tensor) -> Tensor:
         """Logits of the rows (b[i], t[i]) as a [R, V] tensor (a view when it can be one)."""
         if self.logits is not None:
@@ -157,13 +173,7 @@ class _Logits:
                 if flat is not None:
                     return flat[start : start + n]
             return self.logits[b, t]
-        # The model computes its logits in the weight's dtype; doing the same keeps this path
-        # equal to the logits path (float32 afterwards, like every other path).
-        h = self.hidden[b, t].to(self.weight.dtype)
-        z = h @ self.weight.T
-        if self.bias is not None:
-            z = z + self.bias.to(z.dtype)
-        return z
+        return self._project(self.hidden[b, t])
 
 
 def _flat_view(x: Tensor) -> Tensor | None:
@@ -287,60 +297,62 @@ def _stats_by_tokens(src: _Logits, valid: Tensor, toks, inv_temp: float, chunk_s
 def _stats_by_positions(
     src: _Logits, valid: Tensor, toks, groups: Tensor, inv_temp: float, chunk_size: int, out: dict
 ) -> None:
-    """With JS: blocks of positions × all B rows, so each group's rollouts are side by side.
+    """With JS: blocks of positions × all B rows, so each group's rollouts sit side by side.
 
-    JS(p‖P̄) = H(M) − ½H(p) − ½H(P̄) with M = ½(p + P̄); M for every row is one small batched
-    matmul K·p with K = ½I + ½·(same group, active)/count, P̄ likewise with A = onehot/count.
+    JS(p‖P̄) = H(M) − ½H(p) − ½H(P̄) with M = ½(p + P̄). One small batched matmul per block
+    gives every row's M and every group's P̄ straight from exp(s) (the 1/Σe folded into it).
     """
-    batch, time, vocab = src.batch, src.time, src.vocab
+    batch, vocab = src.batch, src.vocab
     n_groups = int(groups.max()) + 1
     onehot = torch.nn.functional.one_hot(groups, n_groups).to(torch.float32)  # [B, G]
-    # only positions where some row is valid need any work
-    positions = valid.any(0).nonzero(as_tuple=True)[0]
+    positions = valid.any(0).nonzero(as_tuple=True)[0]  # only positions some row needs
     if positions.numel() == 0:
         return
-    per_block = max(1, _block_rows(chunk_size, _JS_BUFFERS, vocab) // batch)
-    rows = per_block * batch
-    s_buf = torch.empty((rows, vocab), dtype=torch.float32, device=src.device)
-    p_buf = torch.empty_like(s_buf)
-    g_buf = torch.empty((per_block * n_groups, vocab), dtype=torch.float32, device=src.device)
-    eye_half = 0.5 * torch.eye(batch, device=src.device)
+    width = batch + n_groups  # rows of [M; P̄] per position
+    per_block = max(1, _block_rows(chunk_size, _JS_BUFFERS, vocab) // width)
+    x_buf = torch.empty((per_block * width, vocab), dtype=torch.float32, device=src.device)
+    y_buf = torch.empty_like(x_buf)
+    half_eye = 0.5 * torch.eye(batch, device=src.device)
     for start in range(0, positions.numel(), per_block):
         t_pos = positions[start : start + per_block]
         c = t_pos.numel()
-        # rows ordered position-major: row r = (t_pos[r // B], r % B)
-        t = t_pos.repeat_interleave(batch)
-        b = torch.arange(batch, device=src.device).repeat(c)
-        act = valid[b, t]  # [c*B]
-        s, p = s_buf[: c * batch], p_buf[: c * batch]
-        m = _shift_exp(src.rows(b, t), inv_temp, s, p)
+        act = valid[:, t_pos].T  # [c, B]
+        s = x_buf[: c * batch].view(c, batch, vocab)
+        e = y_buf[: c * batch].view(c, batch, vocab)
+        m = _shift_exp(src.block(t_pos), inv_temp, s, e)  # block is [c, B, V]
         _raise_nonfinite(m, act)
-        s1, sz, s2 = _row_sums(s, p)
+        s1, sz, s2 = _row_sums(s, e)  # [c, B]
         entropy, renyi2, top1, log_s1 = _stats_from_sums(s1, sz, s2)
-        if toks is not None:
-            logp = s.gather(-1, toks[b, t].unsqueeze(-1)).squeeze(-1) - log_s1
-        p.div_(s1.unsqueeze(-1))
+        logp = s.gather(-1, toks[:, t_pos].T.unsqueeze(-1)).squeeze(-1) - log_s1 if toks is not None else None
         if not bool(act.all()):
-            p[~act] = 0.0  # inactive rows (padding, maybe garbage logits) join no mean
-        a = act.view(c, batch).to(torch.float32)  # [c, B]
+            e[~act] = 0.0  # inactive rows (padding, maybe garbage logits) join no mean
+        a = act.to(torch.float32)
         count = a @ onehot  # [c, G] active rollouts per group and position
-        weights = (onehot.T.unsqueeze(0) * a.unsqueeze(1)) / count.clamp(min=1).unsqueeze(-1)  # [c, G, B]
-        p3 = p.view(c, batch, vocab)
-        pbar = torch.bmm(weights, p3, out=g_buf[: c * n_groups].view(c, n_groups, vocab))
-        k = eye_half + 0.5 * weights[:, groups, :]  # [c, B, B]: ½ self + ½ own group mean
-        mix = torch.bmm(k, p3, out=s.view(c, batch, vocab))  # s no longer needed: reuse it
-        h_pbar = -torch.special.xlogy(pbar, pbar, out=pbar).sum(-1)  # [c, G]
-        h_mix = -torch.special.xlogy(mix, mix, out=mix).sum(-1)  # [c, B]
-        js = h_mix - 0.5 * entropy.view(c, batch) - 0.5 * h_pbar[:, groups]
-        js = js.clamp_(0.0, math.log(2.0))
-        alone = count[:, groups] < 2  # a single active rollout is its own mean: JS = 0
-        js = js.masked_fill(alone, 0.0)
-        keep = act
-        bk, tk = b[keep], t[keep]
-        out["entropy"][bk, tk], out["renyi2"][bk, tk], out["top1"][bk, tk] = entropy[keep], renyi2[keep], top1[keep]
-        out["js"][bk, tk] = js.reshape(-1)[keep]
-        if toks is not None:
-            out["logp"][bk, tk] = logp[keep]
+        # A[g, j] = 1[j in g, active] / (count_g · Σe_j): the group mean of p = e/Σe
+        inv_s1 = torch.where(act, s1.reciprocal(), torch.zeros((), device=s1.device))
+        to_mean = onehot.T.unsqueeze(0) * inv_s1.unsqueeze(1) / count.clamp(min=1).unsqueeze(-1)  # [c, G, B]
+        to_mix = half_eye * inv_s1.unsqueeze(1) + 0.5 * to_mean[:, groups, :]  # [c, B, B]: ½p_i + ½P̄_g(i)
+        mixes = torch.bmm(torch.cat([to_mix, to_mean], 1), e, out=x_buf[: c * width].view(c, width, vocab))
+        neg_h = _sum_xlogx(mixes, y_buf[: c * width].view(c, width, vocab))  # [c, B + G]
+        h_mix, h_mean = -neg_h[:, :batch], -neg_h[:, batch:]
+        js = (h_mix - 0.5 * entropy - 0.5 * h_mean[:, groups]).clamp_(0.0, math.log(2.0))
+        js = js.masked_fill(count[:, groups] < 2, 0.0)  # a lone active rollout is its own mean
+        bk, ti = act.T.nonzero(as_tuple=True)  # (row, index into t_pos) of active cells
+        tk = t_pos[ti]
+        for name, value in (("entropy", entropy), ("renyi2", renyi2), ("top1", top1), ("js", js), ("logp", logp)):
+            if value is not None:
+                out[name][bk, tk] = value[ti, bk]
+
+
+def _sum_xlogx(x: Tensor, buf: Tensor) -> Tensor:
+    """Σ x log x over the last dim with 0·log 0 = 0; buf (same shape) is scratch space."""
+    torch.log(x, out=buf)
+    total = torch.linalg.vecdot(x, buf)
+    bad = torch.isnan(total)
+    if bool(bad.any()):  # zeros in x (masked vocabulary, exp underflow): only those rows pay
+        xb = x[bad]
+        total[bad] = torch.special.xlogy(xb, xb).sum(-1)
+    return total
 
 
 def token_kl(student_logits: Tensor, teacher_logits: Tensor, mask: Tensor | None = None, chunk_size: int = 1024) -> Tensor:
