@@ -120,8 +120,13 @@ async def ingest_impl(store: Store, known: set, run_id: str, records: Records, b
 
 
 def frame_response(df: pd.DataFrame) -> Response:
-    """A DataFrame as JSON records (NaN/NA -> null)."""
-    return Response(df.to_json(orient="records", double_precision=15), media_type="application/json")
+    """A DataFrame as JSON records, floats exact (shortest round-trip repr), NaN/NA -> null."""
+    import json
+
+    import pyarrow as pa
+
+    rows = pa.Table.from_pandas(df, preserve_index=False).to_pylist()   # NaN -> None
+    return Response(json.dumps(rows, allow_nan=False), media_type="application/json")
 
 
 def export_impl(store: Store, run_id: str) -> str:
@@ -135,7 +140,7 @@ def export_impl(store: Store, run_id: str) -> str:
         export_tables(cur, run_id, os.path.join(tmp, run_id))
     finally:
         cur.close()
-    return shutil.make_archive(os.path.join(tmp, run_id), "zip", tmp, run_id)
+    return shutil.make_archive(os.path.join(tmp, run_id), "zip", root_dir=os.path.join(tmp, run_id))
 
 
 # ---------------------------------------------------------------------------- auth, limits
