@@ -1,0 +1,96 @@
+"""Tasks and verifiers on hand-worked cases."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from trainer.tasks import (ArithmeticTask, CollapseTask, CountdownTask, JsonlTask, Problem,
+                           held_out, make_task)
+
+
+def test_reversed_addition_accepts_only_the_reversed_sum():
+    task = ArithmeticTask(level=1, reverse=True)
+    p = Problem(prompt="47+38=", answer="85", target="58")
+    assert task.verify(p, "58") == (1.0, True)
+    assert task.verify(p, " 58\nanything after the first line") == (1.0, True)
+    assert task.verify(p, "85") == (0.0, False)  # the unreversed sum is wrong by construction
+    assert task.verify(p, "") == (0.0, False)
+
+
+def test_arithmetic_levels_generate_what_their_prompt_says():
+    rng = random.Random(3)
+    for level, symbol in ((1, "+"), (2, "+"), (3, "-"), (4, "*")):
+        task = ArithmeticTask(level=level)
+        for _ in range(20):
+            p = task.sample(rng)
+            a, b = p.prompt.rstrip("=").split(symbol, 1)
+            value = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[symbol]
+            assert int(p.answer) == value
+            assert task.verify(p, p.target) == (1.0, True)
+    negative = Problem(prompt="12-47=", answer="-35", target="-53")
+    assert ArithmeticTask(level=3).verify(negative, "-53")[1]
+    with pytest.raises(ValueError, match="level"):
+        ArithmeticTask(level=9)
+
+
+def test_countdown_accepts_every_valid_expression_and_checks_the_numbers():
+    task = CountdownTask()
+    p = Problem(prompt="Use 3 7 9 to make 16:", answer="16", target="7+9",
+                meta={"numbers": [3, 7, 9]})
+    for good in ("7+9", "9+7", "(9+7)"):
+        assert task.verify(p, good) == (1.0, True)
+    assert task.verify(p, "3*7-9+4") == (0.0, False)     # 4 is not an allowed number
+    assert task.verify(p, "7+7+2") == (0.0, False)        # 7 twice
+    assert task.verify(p, "3+9") == (0.1, False)          # well formed, wrong value
+    assert task.verify(p, "__import__('os')") == (0.0, False)
+    # numbers recovered from the prompt when meta is absent (e.g. loaded from a file)
+    bare = Problem(prompt="Use 2 5 6 to make 30:", answer="30", target="5*6")
+    assert task.verify(bare, "6*5") == (1.0, True)
+    rng = random.Random(1)
+    for _ in range(30):
+        q = task.sample(rng)
+        assert task.verify(q, q.target) == (1.0, True)
+
+
+def test_jsonl_uses_math_verify_for_equivalent_forms(tmp_path):
+    path = tmp_path / "problems.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"prompt": "Half of one?", "answer": "1/2"},
+        {"prompt": "Square root of 16?", "answer": "4"},
+    ]) + "\n")
+    task = JsonlTask(str(path))
+    half, four = task.problems
+    assert task.verify(half, "0.5") == (1.0, True)
+    assert task.verify(half, "\\frac{1}{2}") == (1.0, True)
+    assert task.verify(half, "0.25") == (0.0, False)
+    assert task.verify(four, "4.0") == (1.0, True)
+    assert task.verify(four, "5") == (0.0, False)
+    assert task.sample(random.Random(0)) in task.problems
+
+
+def test_jsonl_errors_name_the_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "x", "answer": "1"}\n{"prompt": "no answer"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: .*'prompt' and 'answer'"):
+        JsonlTask(str(bad))
+    with pytest.raises(FileNotFoundError):
+        JsonlTask(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(ValueError, match="task_path"):
+        make_task("jsonl")
+
+
+def test_collapse_reward_is_graded_and_peaks_only_at_the_goal():
+    task = CollapseTask(goal="7777")
+    p = task.sample(random.Random(0))
+    assert task.verify(p, "7777") == (1.0, True)
+    assert task.verify(p, "7717") == (0.75, False)
+    assert task.verify(p, "77777777") == (0.5, False)  # longer than the goal is penalised
+    assert task.verify(p, "") == (0.0, False)
+
+
+def test_held_out_is_deterministic_per_seed():
+    task = make_task("arith")
+    assert held_out(task, 5, 0) == held_out(task, 5, 0)
+    assert held_out(task, 5, 0) != held_out(task, 5, 1)

@@ -1,0 +1,75 @@
+"""`forksight train`: flags are generated from TrainConfig (each with its description), grouped
+as the config is; precedence preset < --config file < flags. Light at import: torch loads only
+when the command runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import typing
+from typing import Any
+
+
+def _flag_kwargs(annotation: Any) -> dict[str, Any]:
+    """argparse type/choices for a field annotation (Optional[X] → X, Literal → choices)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Union or type(annotation).__name__ == "UnionType":
+        return _flag_kwargs(args[0]) if len(args) == 1 else {"type": str}
+    if typing.get_origin(annotation) is typing.Literal:
+        return {"choices": list(args), "type": type(args[0])}
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if annotation in (int, float, str):
+        return {"type": annotation}
+    return {"type": str}
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `forksight train`."""
+    from trainer.config import PRESETS, TrainConfig, field_groups
+
+    parser = subparsers.add_parser(
+        "train", help="Train the bundled selective-RLVR trainer, streaming to forksight.",
+        description="GRPO/DAPO with token selection on a local HF causal LM (default: the tiny "
+                    "offline model). With neither --db nor --url the records go to a collector "
+                    "on 127.0.0.1:8050, started in-process if none answers.",
+    )
+    parser.add_argument("--config", metavar="FILE", help="YAML or JSON file of config fields.")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="Named starting point.")
+    parser.add_argument("--print-config", action="store_true",
+                        help="Print the resolved config as JSON and exit.")
+    for group, names in field_groups().items():
+        arg_group = parser.add_argument_group(group)
+        for name in names:
+            info = TrainConfig.model_fields[name]
+            help_text = f"{info.description} (default: {info.default})"
+            arg_group.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None,
+                                   help=help_text.replace("%", "%%"),
+                                   **_flag_kwargs(info.annotation))
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Resolve the config, train, print the result as JSON."""
+    from trainer.config import TrainConfig, load_config
+
+    overrides = {name: getattr(args, name, None) for name in TrainConfig.model_fields}
+    try:
+        config = load_config(args.config, args.preset, overrides)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"forksight train: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(config.model_dump_json(indent=1))
+        return 0
+    from trainer.loop import train
+
+    result = train(config)
+    if result.steps is not None:
+        print(json.dumps({"run_id": result.run_id, "steps": result.steps,
+                          "stopped_early": result.stopped_early, "seconds": result.seconds,
+                          "final": {k: round(v, 5) for k, v in result.final.items()},
+                          "eval": result.eval, "checkpoint": result.checkpoint}))
+    return 0

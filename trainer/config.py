@@ -1,0 +1,173 @@
+"""TrainConfig: every knob of the bundled trainer in one flat pydantic model, each field with a
+description and a group (model, task, rollout, optimisation, selection, monitoring), loadable
+from YAML/JSON and overridable by flags. PRESETS holds the named starting points.
+No torch import here: `forksight --help` builds its flags from this module.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Strategy = Literal["all", "fork", "ict", "random", "stapo", "maxtok", "mintok", "rand1tok"]
+DISTILL_STRATEGIES = ("maxtok", "mintok", "rand1tok")
+
+
+def _f(default: Any, group: str, description: str, **kw: Any) -> Any:
+    return Field(default, description=description, json_schema_extra={"group": group}, **kw)
+
+
+class TrainConfig(BaseModel):
+    """One training run. Unknown keys are errors (a typo must not silently fall back)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # -- model ---------------------------------------------------------------------------------
+    model: str | None = _f(None, "model", "Local HF causal-LM directory; default: the tiny "
+                           "offline Qwen2 built by trainer.model.build_tiny().")
+    warmup: bool = _f(True, "model", "Supervised warm-up before RL until sampled pass@1 reaches "
+                      "warmup_pass (cached next to the model).")
+    warmup_pass: float = _f(0.3, "model", "Sampled pass@1 at which the warm-up stops.", ge=0, le=1)
+    warmup_loss: Literal["ce", "bounded"] = _f("ce", "model", "Warm-up loss: cross-entropy or the "
+                                               "bounded log(2 - p) (ALGORITHMS.md §8).")
+    warmup_max_seconds: float = _f(180.0, "model", "Give up the warm-up after this long (the "
+                                   "cached model is then whatever was reached).", gt=0)
+    teacher: str | None = _f(None, "model", "Teacher model directory for maxtok/mintok/rand1tok; "
+                             "default: the warm-up continued to teacher_pass (cached).")
+    teacher_pass: float = _f(0.8, "model", "Sampled pass@1 the default teacher is trained to.",
+                             ge=0, le=1)
+    # -- task ----------------------------------------------------------------------------------
+    task: Literal["arith", "countdown", "jsonl", "collapse"] = _f(
+        "arith", "task", "Problem generator / verifier (trainer/tasks.py).")
+    level: int = _f(1, "task", "Arithmetic difficulty: 1 two-digit +, 2 three-digit +, "
+                    "3 two-digit -, 4 two-digit × one-digit.", ge=1, le=4)
+    reverse: bool = _f(True, "task", "Arithmetic answers written with digits reversed (learns "
+                       "much faster on a tiny model).")
+    task_path: str | None = _f(None, "task", "JSONL file of {prompt, answer} lines for task=jsonl.")
+    eval_problems: int = _f(32, "task", "Held-out problems for periodic evaluation.", ge=1)
+    eval_samples: int = _f(8, "task", "Samples per held-out problem (n in eval/pass@k).", ge=1)
+    eval_every: int = _f(25, "task", "Evaluate every this many steps (0 = only at the end).", ge=0)
+    # -- rollout -------------------------------------------------------------------------------
+    prompts_per_step: int = _f(8, "rollout", "Prompts per step on each rank.", ge=1)
+    group_size: int = _f(8, "rollout", "G: samples per prompt (a group).", ge=2)
+    temperature: float = _f(1.0, "rollout", "Sampling temperature; logits are divided by it for "
+                            "the loss and the statistics too.", gt=0)
+    max_new_tokens: int = _f(8, "rollout", "Longest completion.", ge=1)
+    # -- optimisation --------------------------------------------------------------------------
+    steps: int = _f(100, "optimisation", "RL steps to run (total, counting resumed ones).", ge=0)
+    lr: float = _f(3e-4, "optimisation", "AdamW learning rate.", gt=0)
+    weight_decay: float = _f(0.0, "optimisation", "AdamW weight decay.", ge=0)
+    max_grad_norm: float = _f(1.0, "optimisation", "Gradient clipping norm (0 = off).", ge=0)
+    clip_low: float = _f(0.2, "optimisation", "PPO ratio clip below: 1 - clip_low.", ge=0)
+    clip_high: float = _f(0.28, "optimisation", "PPO ratio clip above: 1 + clip_high "
+                          "(DAPO clip-higher).", ge=0)
+    updates_per_batch: int = _f(1, "optimisation", "Optimiser steps per rollout batch (>1 makes "
+                                "the ratio differ from 1 and the clip bite).", ge=1)
+    beta: float = _f(0.0, "optimisation", "KL-to-reference coefficient (k3 estimator); 0 = no "
+                     "reference model.", ge=0)
+    scale_rewards: bool = _f(True, "optimisation", "Divide advantages by the group std (GRPO); "
+                             "False = mean-centred only (Dr. GRPO).")
+    seed: int = _f(0, "optimisation", "Seed for sampling problems, rollouts and selection.")
+    # -- selection -----------------------------------------------------------------------------
+    strategy: Strategy = _f("all", "selection", "Which tokens the loss trains on.")
+    rho: float | None = _f(None, "selection", "Fraction kept by fork/ict/random; default 0.2 "
+                           "(fork, random) or 0.1 (ict).", gt=0, le=1)
+    normalizer: Literal["paper", "verl"] = _f("paper", "selection", "fork/random loss divisor: "
+                                              "all valid tokens (paper) or the selected count (verl).")
+    stapo_tau_p: float = _f(0.01, "selection", "STAPO: silence tokens with p(y) below this ...",
+                            gt=0, le=1)
+    stapo_entropy_q: float = _f(0.05, "selection", "... and entropy below this batch quantile "
+                                "(and positive advantage).", gt=0, le=1)
+    distill_tokens: int = _f(1, "selection", "maxtok/mintok/rand1tok: tokens supervised per "
+                             "trajectory.", ge=1)
+    # -- monitoring ----------------------------------------------------------------------------
+    run: str | None = _f(None, "monitoring", "Run name; default strategy-task-seed-time.")
+    project: str = _f("default", "monitoring", "Project the run is filed under.")
+    db: str | None = _f(None, "monitoring", "Write to this DuckDB file in-process (single process).")
+    url: str | None = _f(None, "monitoring", "Stream to a collector at this URL (forksight serve).")
+    stream: bool = _f(True, "monitoring", "Stream at all; False = no sink (benchmarks).")
+    stop_on_alert: bool = _f(False, "monitoring", "Stop when the collector raises a critical alert.")
+    token_groups: int = _f(1, "monitoring", "Groups per step whose per-token rows are stored.", ge=0)
+    out_dir: str = _f("runs", "monitoring", "Checkpoints go to out_dir/<run>/.")
+    save_every: int = _f(0, "monitoring", "Checkpoint every this many steps (0 = only at the end).",
+                         ge=0)
+    resume: bool = _f(False, "monitoring", "Continue from out_dir/<run>/checkpoint.pt.")
+    progress: bool = _f(True, "monitoring", "Show a tqdm bar with live reward and entropy.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainConfig":
+        if self.task == "jsonl" and not self.task_path:
+            raise ValueError("task 'jsonl' needs task_path: a JSONL file of {prompt, answer} lines")
+        if self.db and self.url:
+            raise ValueError("give db (in-process DuckDB file) or url (a collector), not both")
+        if self.resume and not self.run:
+            raise ValueError("resume needs run: the name of the run whose checkpoint to continue")
+        return self
+
+    @property
+    def effective_rho(self) -> float:
+        """ρ with the per-strategy default (0.1 for ICT, 0.2 otherwise)."""
+        return self.rho if self.rho is not None else (0.1 if self.strategy == "ict" else 0.2)
+
+    @property
+    def is_distill(self) -> bool:
+        return self.strategy in DISTILL_STRATEGIES
+
+
+# Named starting points. "healthy": reward rises, entropy declines slowly. "collapse": a reward
+# whose optimum is one fixed string and a high learning rate: entropy → ~0 in well under 100 steps.
+PRESETS: dict[str, dict[str, Any]] = {
+    "healthy": dict(task="arith", level=1, lr=3e-4, temperature=1.0, steps=200,
+                    prompts_per_step=8, group_size=8, warmup=True, warmup_pass=0.3),
+    "collapse": dict(task="collapse", lr=1e-2, temperature=1.0, steps=60, prompts_per_step=8,
+                     group_size=8, warmup=False, max_new_tokens=6, eval_every=0),
+    "tiny-test": dict(task="arith", steps=2, prompts_per_step=2, group_size=4, max_new_tokens=4,
+                      warmup=False, eval_problems=4, eval_samples=2, eval_every=0,
+                      progress=False),
+}
+
+
+def load_config(path: str | None = None, preset: str | None = None,
+                overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """preset → file (YAML or JSON) → overrides, later ones winning; errors say which key."""
+    values: dict[str, Any] = {}
+    if preset:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}: choose one of {sorted(PRESETS)}")
+        values.update(PRESETS[preset])
+    if path:
+        values.update(_read_file(path))
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return TrainConfig(**values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}"
+                             for e in exc.errors())
+        raise ValueError(f"invalid training config: {problems}") from None
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.exists():
+        raise FileNotFoundError(f"config file {file} does not exist")
+    text = file.read_text()
+    if file.suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text)
+    else:
+        data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {file} must hold a mapping of field: value")
+    return data
+
+
+def field_groups() -> dict[str, list[str]]:
+    """Field names by group, in declaration order (the CLI's argument groups)."""
+    groups: dict[str, list[str]] = {}
+    for name, info in TrainConfig.model_fields.items():
+        group = (info.json_schema_extra or {}).get("group", "other")
+        groups.setdefault(group, []).append(name)
+    return groups

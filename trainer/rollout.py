@@ -1,0 +1,70 @@
+"""Rollouts: G samples per prompt from the full softmax (top_k=0, top_p=1), the completion
+mask (up to and including EOS), and the teacher-forced logits the loss and statistics use.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """A batch of B = prompts × G sequences; completion tensors are [B, T]."""
+
+    input_ids: torch.Tensor       # [B, P + T] prompt (left-padded) + completion
+    attention_mask: torch.Tensor  # [B, P + T] 1 on real prompt tokens and on completion tokens
+    prompt_len: int               # P
+    completion: torch.Tensor      # [B, T] sampled token ids (pad after EOS)
+    mask: torch.Tensor            # [B, T] bool: completion tokens up to and including EOS
+    group_ids: torch.Tensor       # [B] group index of each row
+    texts: list[str]              # decoded completions (EOS stripped)
+
+
+def completion_mask(completion: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """True up to and including the first EOS of each row (all True when no EOS)."""
+    is_eos = completion == eos_id
+    # count of EOS strictly before t: zero means t is at or before the first EOS
+    before = torch.cumsum(is_eos.int(), dim=1) - is_eos.int()
+    return before == 0
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[str], group_size: int, *, temperature: float,
+             max_new_tokens: int, group_offset: int = 0) -> Rollout:
+    """Sample `group_size` completions for each prompt from the untruncated softmax."""
+    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    device = next(model.parameters()).device
+    ids = enc.input_ids.repeat_interleave(group_size, dim=0).to(device)
+    attn = enc.attention_mask.repeat_interleave(group_size, dim=0).to(device)
+    was_training = model.training
+    model.eval()
+    out = model.generate(
+        input_ids=ids, attention_mask=attn, do_sample=True, temperature=temperature,
+        top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, min_new_tokens=1,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    model.train(was_training)
+    prompt_len = ids.shape[1]
+    completion = out[:, prompt_len:]
+    mask = completion_mask(completion, tokenizer.eos_token_id)
+    full_attn = torch.cat([attn, mask.long()], dim=1)
+    texts = [tokenizer.decode(row[m], skip_special_tokens=True) for row, m in zip(completion, mask)]
+    groups = torch.arange(len(prompts), device=device).repeat_interleave(group_size) + group_offset
+    return Rollout(out, full_attn, prompt_len, completion, mask, groups, texts)
+
+
+def completion_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      prompt_len: int) -> torch.Tensor:
+    """Logits [B, T, V] that produced each completion token (position ids skip left padding,
+    so they are the logits `generate` sampled from)."""
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                   position_ids=position_ids).logits
+    return logits[:, prompt_len - 1 : -1]
+
+
+def token_logp(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log p(sampled token) under softmax(logits / T), differentiable (the loss's own pass)."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

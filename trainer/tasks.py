@@ -1,0 +1,251 @@
+"""Tasks with verifiers: procedural arithmetic (levels), countdown (several valid answers),
+user problems from JSONL (checked with math-verify), and a "collapse" task whose optimum is
+one deterministic string. Every verifier returns (reward, correct).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import operator
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt, the reference answer, and a completion the warm-up can imitate."""
+
+    prompt: str
+    answer: str
+    target: str  # a correct completion (without EOS), used by the supervised warm-up
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+class Task(Protocol):
+    """What the trainer needs from a task."""
+
+    name: str
+
+    def sample(self, rng: random.Random) -> Problem: ...
+
+    def verify(self, problem: Problem, completion: str) -> tuple[float, bool]: ...
+
+
+def _clean(completion: str) -> str:
+    """The answer is the completion's first line, stripped (EOS already removed by decode)."""
+    return completion.strip().split("\n", 1)[0].strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# Arithmetic: level 1 = two-digit addition, 2 = three-digit addition, 3 = two-digit minus
+# two-digit (sign allowed), 4 = two-digit times one-digit. The answer is written with its digits
+# reversed by default: the model then emits the least significant digit first, which is the
+# order carries are computed in (DESIGN.md: reversed addition learns 2-4x faster).
+
+_LEVELS = {
+    1: (lambda r: (r.randint(10, 99), r.randint(10, 99)), "+", operator.add),
+    2: (lambda r: (r.randint(100, 999), r.randint(100, 999)), "+", operator.add),
+    3: (lambda r: (r.randint(10, 99), r.randint(10, 99)), "-", operator.sub),
+    4: (lambda r: (r.randint(10, 99), r.randint(2, 9)), "*", operator.mul),
+}
+
+
+@dataclass
+class ArithmeticTask:
+    """`a OP b=` → the result (digits reversed when `reverse`); reward 1 exact, else 0."""
+
+    level: int = 1
+    reverse: bool = True
+    name: str = "arith"
+
+    def __post_init__(self) -> None:
+        if self.level not in _LEVELS:
+            raise ValueError(f"arithmetic level must be one of {sorted(_LEVELS)}, got {self.level}")
+        self.name = f"arith{self.level}{'r' if self.reverse else ''}"
+
+    def sample(self, rng: random.Random) -> Problem:
+        draw, symbol, fn = _LEVELS[self.level]
+        a, b = draw(rng)
+        value = fn(a, b)
+        answer = str(value)
+        written = self.write(value)
+        return Problem(prompt=f"{a}{symbol}{b}=", answer=answer, target=written)
+
+    def write(self, value: int) -> str:
+        """How the model is asked to write a number: reversed digits, sign first."""
+        if not self.reverse:
+            return str(value)
+        sign = "-" if value < 0 else ""
+        return sign + str(abs(value))[::-1]
+
+    def verify(self, problem: Problem, completion: str) -> tuple[float, bool]:
+        ok = _clean(completion) == self.write(int(problem.answer))
+        return float(ok), ok
+
+
+# ---------------------------------------------------------------------------------------------
+# Countdown: make the target from some of the given numbers, each at most once, with + - *.
+# Many answers are right (order, different subsets), so a collapsed policy loses pass@k.
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def _eval_expr(text: str) -> tuple[int, list[int]] | None:
+    """Value and literals of an expression made of integers, + - * and brackets; else None."""
+    if not re.fullmatch(r"[\d+\-*() ]{1,64}", text):
+        return None
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+    used: list[int] = []
+
+    def walk(node) -> int:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            used.append(node.value)
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](walk(node.left), walk(node.right))
+        raise ValueError("unsupported")
+
+    try:
+        return walk(tree), used
+    except ValueError:
+        return None
+
+
+@dataclass
+class CountdownTask:
+    """`Use 3 7 9 to make 16:` → an expression such as `7+9`; reward 1 if right, 0.1 if it
+    is a well-formed expression over the allowed numbers with the wrong value, else 0."""
+
+    count: int = 3
+    max_number: int = 20
+    name: str = "countdown"
+
+    def sample(self, rng: random.Random) -> Problem:
+        numbers = [rng.randint(1, self.max_number) for _ in range(self.count)]
+        a, b = rng.sample(numbers, 2)
+        op = rng.choice(["+", "*"] if a * b <= 99 else ["+"])
+        expr = f"{a}{op}{b}"
+        target = eval(expr)  # noqa: S307 - built from two ints and one operator above
+        prompt = f"Use {' '.join(map(str, numbers))} to make {target}:"
+        return Problem(prompt=prompt, answer=str(target), target=expr,
+                       meta={"numbers": numbers})
+
+    def verify(self, problem: Problem, completion: str) -> tuple[float, bool]:
+        parsed = _eval_expr(_clean(completion))
+        if parsed is None:
+            return 0.0, False
+        value, used = parsed
+        pool = list(self._numbers(problem))
+        for n in used:
+            if n not in pool:
+                return 0.0, False
+            pool.remove(n)
+        ok = value == int(problem.answer)
+        return (1.0 if ok else 0.1), ok
+
+    @staticmethod
+    def _numbers(problem: Problem) -> list[int]:
+        if "numbers" in problem.meta:
+            return problem.meta["numbers"]
+        head = problem.prompt.split(" to make ")[0].removeprefix("Use ")
+        return [int(x) for x in head.split()]
+
+
+# ---------------------------------------------------------------------------------------------
+# JSONL: user problems {"prompt": ..., "answer": ...}, verified by math-verify, so 1/2, 0.5
+# and \frac{1}{2} all count as the same answer.
+
+
+@dataclass
+class JsonlTask:
+    """Problems from a JSONL file; the verdict is math_verify.verify(parse(answer), parse(output))."""
+
+    path: str
+    name: str = "jsonl"
+    problems: list[Problem] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        file = Path(self.path)
+        if not file.exists():
+            raise FileNotFoundError(f"JSONL task file {file} does not exist")
+        for lineno, line in enumerate(file.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{file}:{lineno}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(row, dict) or not {"prompt", "answer"} <= row.keys():
+                raise ValueError(f"{file}:{lineno}: each line needs an object with 'prompt' and 'answer'")
+            answer = str(row["answer"])
+            self.problems.append(Problem(prompt=str(row["prompt"]), answer=answer, target=answer))
+        if not self.problems:
+            raise ValueError(f"{file} holds no problems")
+        self.name = f"jsonl:{file.stem}"
+
+    def sample(self, rng: random.Random) -> Problem:
+        return rng.choice(self.problems)
+
+    def verify(self, problem: Problem, completion: str) -> tuple[float, bool]:
+        from math_verify import parse, verify
+
+        gold = parse(_as_math(problem.answer))
+        guess = parse(_as_math(_clean(completion)))
+        ok = bool(gold) and bool(guess) and bool(verify(gold, guess))
+        return float(ok), ok
+
+
+def _as_math(text: str) -> str:
+    """math-verify extracts from LaTeX or $…$; wrap bare answers so '0.5' parses as a number."""
+    return text if "$" in text or "\\" in text else f"${text}$"
+
+
+# ---------------------------------------------------------------------------------------------
+# Collapse: the best completion is one fixed string whatever the prompt. The reward is graded
+# (matching characters), so GRPO gets signal from the first step, and the optimum is
+# deterministic: with a high learning rate entropy falls to ~0 within ~100 steps.
+
+
+@dataclass
+class CollapseTask:
+    """Any prompt → the fixed string `goal`; reward = fraction of positions matching it."""
+
+    goal: str = "7777"
+    name: str = "collapse"
+
+    def sample(self, rng: random.Random) -> Problem:
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        return Problem(prompt=f"{a}+{b}=", answer=self.goal, target=self.goal)
+
+    def verify(self, problem: Problem, completion: str) -> tuple[float, bool]:
+        text = _clean(completion)
+        hits = sum(x == y for x, y in zip(text, self.goal))
+        reward = hits / max(len(self.goal), len(text)) if text else 0.0
+        return reward, text == self.goal
+
+
+def make_task(name: str, *, level: int = 1, reverse: bool = True, path: str | None = None) -> Task:
+    """Task by name: arith, countdown, jsonl (needs path), collapse."""
+    if name == "arith":
+        return ArithmeticTask(level=level, reverse=reverse)
+    if name == "countdown":
+        return CountdownTask()
+    if name == "jsonl":
+        if not path:
+            raise ValueError("task 'jsonl' needs task_path: a JSONL file of {prompt, answer} lines")
+        return JsonlTask(path)
+    if name == "collapse":
+        return CollapseTask()
+    raise ValueError(f"unknown task {name!r}: choose arith, countdown, jsonl or collapse")
+
+
+def held_out(task: Task, n: int, seed: int) -> list[Problem]:
+    """A fixed set of evaluation problems, drawn from a seed the training stream never uses."""
+    rng = random.Random(f"eval-{seed}")
+    return [task.sample(rng) for _ in range(n)]
