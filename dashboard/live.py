@@ -1,0 +1,107 @@
+"""The live tick: append steps ingested since the last draw to the drawn figures with a Dash
+`Patch` (only the new points travel; the browser never redraws the whole chart).
+
+A figure's growable traces are described by their `meta` (set by dashboard/figures.py); the
+"plan" is that list kept in a dcc.Store, including each EMA's running state, so the smoothed
+line continues exactly where the full draw stopped.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from dash import Patch
+
+from dashboard.figures import (SEVERITY_COLOR, SEVERITY_SYMBOL, alert_text, ema_debiased,
+                               histogram_matrix, series, x_values)
+
+GROWING_ROLES = ("raw", "smooth", "heatmap", "alerts")
+
+
+def trace_plan(figure: Any) -> list[dict]:
+    """[{"i": trace index, **meta}] for every trace the tick can extend."""
+    data = figure.to_plotly_json()["data"] if hasattr(figure, "to_plotly_json") \
+        else figure["data"]
+    plan = []
+    for i, trace in enumerate(data):
+        meta = trace.get("meta")
+        if isinstance(meta, dict) and meta.get("role") in GROWING_ROLES:
+            plan.append({"i": i, **meta})
+    return plan
+
+
+def _new_rows(scalars: pd.DataFrame, key: str, last_step: int) -> pd.DataFrame:
+    rows = series(scalars, key)
+    return rows[rows["step"] > last_step]
+
+
+def _gap_rows(scalars: pd.DataFrame, hi_key: str, lo_key: str, last_step: int) -> pd.DataFrame:
+    hi, lo = _new_rows(scalars, hi_key, last_step), _new_rows(scalars, lo_key, last_step)
+    both = hi.merge(lo[["step", "value"]], on="step", suffixes=("", "_lo"))
+    return both.assign(value=both["value"] - both["value_lo"])
+
+
+def extend_patch(plan: list[dict], scalars: pd.DataFrame, *, last_step: int,
+                 smoothing: float, x_axis: str, hist: pd.DataFrame | None = None,
+                 new_alerts: pd.DataFrame | None = None) -> tuple[Patch | None, list[dict]]:
+    """A Patch appending rows with step > last_step (and every row of new_alerts) to the
+    planned traces, and the plan with its EMA states advanced. (None, plan) when nothing new
+    touches this figure."""
+    patch, plan, touched = Patch(), copy.deepcopy(plan), False
+    for entry in plan:
+        i, role = entry["i"], entry["role"]
+        if role in ("raw", "smooth"):
+            rows = _gap_rows(scalars, *entry["gap"], last_step) if "gap" in entry \
+                else _new_rows(scalars, entry["key"], last_step)
+            if rows.empty:
+                continue
+            values = rows["value"].astype(float).to_numpy()
+            if role == "smooth":
+                acc, count = entry["ema"]
+                values, acc, count = ema_debiased(values, smoothing, acc, int(count))
+                entry["ema"] = [acc, count]
+            patch["data"][i]["x"].extend(x_values(rows, x_axis))
+            patch["data"][i]["y"].extend([None if np.isnan(v) else float(v) for v in values])
+            touched = True
+        elif role == "heatmap" and hist is not None and not hist.empty:
+            new = hist[hist["step"] > last_step]
+            steps, los, _, frac = histogram_matrix(new)
+            if not steps:
+                continue
+            # map the new columns onto the drawn bins (edges are shared, ENTROPY_EDGES)
+            cols = [int(np.argmin(np.abs(np.asarray(los) - b))) for b in entry["bins"]]
+            patch["data"][i]["x"].extend(steps)
+            patch["data"][i]["z"].extend(frac[:, cols].tolist())
+            touched = True
+        elif role == "alerts" and new_alerts is not None and not new_alerts.empty:
+            touched |= _extend_alerts(patch, i, new_alerts, scalars, x_axis)
+    return (patch if touched else None), plan
+
+
+def _extend_alerts(patch: Patch, i: int, new: pd.DataFrame, scalars: pd.DataFrame,
+                   x_axis: str) -> bool:
+    """Markers for new alerts, on the entropy mean of their step when it is in this tick."""
+    mean = series(scalars, "entropy/mean").set_index("step")
+    xs, ys, texts = [], [], []
+    for a in new.sort_values("step").to_dict("records"):
+        step = int(a["step"])
+        if step in mean.index:
+            row = mean.loc[[step]].reset_index()
+            ys.append(float(row["value"].iloc[0]))
+            xs.append(x_values(row, x_axis)[0])
+        elif x_axis == "step":
+            xs.append(step)
+            ys.append(float(a.get("value") or 0.0))
+        else:
+            continue  # no wall time known for that step: skip the marker, the banner shows it
+        texts.append(alert_text(a))
+        patch["data"][i]["marker"]["color"].append(SEVERITY_COLOR.get(a.get("severity"),
+                                                                      "#e67700"))
+        patch["data"][i]["marker"]["symbol"].append(SEVERITY_SYMBOL.get(a.get("severity"),
+                                                                        "circle"))
+    patch["data"][i]["x"].extend(xs)
+    patch["data"][i]["y"].extend(ys)
+    patch["data"][i]["hovertext"].extend(texts)
+    return bool(xs)

@@ -1,0 +1,122 @@
+"""Run page, live: entropy (band, Rényi-2, JS, reference lines, alerts, forecast), the entropy
+distribution heatmap, reward/pass@k/gap, training signals and any other scalar. New steps
+arrive as Patches every second; the whole page redraws only when a control changes."""
+from __future__ import annotations
+
+import dash
+from dash import Input, Output, State, dcc, html, no_update
+
+from dashboard import data
+from dashboard.run_view import Controls, draw_run, run_row, status_line, tick_run
+
+TICK_MS = 1000
+GRAPHS = ("entropy", "heatmap", "passk", "signals", "custom")
+_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+def _run_options(reader) -> list[dict]:
+    runs = reader.list_runs()
+    return [{"label": f"{r['name']} · {r.get('strategy') or '–'} · {r['status']}",
+             "value": r["run_id"]} for r in runs.to_dict("records")]
+
+
+def layout(run: str | None = None, **_query) -> html.Div:
+    reader = data.reader()
+    options = _run_options(reader)
+    if run is None and options:
+        run = options[0]["value"]          # newest run
+    return html.Div([
+        html.Div(className="run-head", children=[
+            dcc.Dropdown(id="run-select", options=options, value=run, clearable=False,
+                         placeholder="no runs yet", className="run-select"),
+            html.Span(id="run-status", className="run-status"),
+            html.Button("Pause", id="run-pause", className="btn", n_clicks=0),
+        ]),
+        html.Div(id="run-banner", className="banner"),
+        html.Div(className="controls", children=[
+            html.Div([html.Label("smoothing (EMA)"),
+                      dcc.Slider(id="run-smoothing", min=0, max=0.99, step=0.01, value=0.6,
+                                 marks={0: "0", 0.6: "0.6", 0.9: "0.9", 0.99: ".99"},
+                                 tooltip={"placement": "bottom"})],
+                     className="control control-wide"),
+            html.Div([html.Label("x axis"),
+                      dcc.RadioItems(id="run-xaxis", inline=True, value="step",
+                                     options=[{"label": " step", "value": "step"},
+                                              {"label": " wall time", "value": "wall"}])],
+                     className="control"),
+            html.Div([html.Label("y scale"),
+                      dcc.Checklist(id="run-logy", options=[{"label": " log y", "value": "log"}],
+                                    value=[], inline=True)], className="control"),
+            html.Div([html.Label("points per series"),
+                      dcc.Dropdown(id="run-points", clearable=False, value=2000,
+                                   options=[{"label": str(n), "value": n}
+                                            for n in (500, 2000, 10000)]
+                                   + [{"label": "all", "value": "all"}])],
+                     className="control"),
+        ]),
+        dcc.Graph(id="run-entropy", config=_CONFIG),
+        dcc.Graph(id="run-heatmap", config=_CONFIG),
+        dcc.Graph(id="run-passk", config=_CONFIG),
+        dcc.Graph(id="run-signals", config=_CONFIG),
+        html.Div(className="controls", children=[
+            html.Label("other scalars by name"),
+            dcc.Dropdown(id="run-custom-keys", multi=True, options=[], value=[],
+                         placeholder="e.g. lr, tokens/count, groups/zero_var_frac",
+                         className="custom-keys")]),
+        dcc.Graph(id="run-custom", config=_CONFIG),
+        dcc.Store(id="run-state"),
+        dcc.Interval(id="run-tick", interval=TICK_MS),
+    ])
+
+
+def register(app: dash.Dash) -> None:
+    """The page and its callbacks on `app`."""
+    dash.register_page(__name__, path="/run", name="Run", title="forksight · run", layout=layout)
+    graphs = [Output(f"run-{g}", "figure") for g in GRAPHS]
+    controls = [Input("run-smoothing", "value"), Input("run-xaxis", "value"),
+                Input("run-logy", "value"), Input("run-points", "value"),
+                Input("run-custom-keys", "value")]
+
+    @app.callback(*graphs, Output("run-state", "data"), Output("run-banner", "children"),
+                  Output("run-status", "children"), Output("run-custom-keys", "options"),
+                  Input("run-select", "value"), *controls)
+    def draw(run_id, smoothing, x_axis, log_y, points, custom):
+        if not run_id:
+            empty = {"data": [], "layout": {"height": 120}}
+            return (*[empty] * len(GRAPHS), None, [], "no runs yet: start `forksight train`",
+                    [])
+        out = draw_run(data.reader(), run_id,
+                       Controls.from_inputs(smoothing, x_axis, log_y, points, custom))
+        return (*[out["figures"][g] for g in GRAPHS], out["state"], out["banner"],
+                status_line(out["run"], out["state"]), out["other_keys"])
+
+    @app.callback(*[Output(f"run-{g}", "figure", allow_duplicate=True) for g in GRAPHS],
+                  Output("run-state", "data", allow_duplicate=True),
+                  Output("run-banner", "children", allow_duplicate=True),
+                  Output("run-status", "children", allow_duplicate=True),
+                  Input("run-tick", "n_intervals"), State("run-state", "data"),
+                  *[State(c.component_id, c.component_property) for c in controls],
+                  prevent_initial_call=True)
+    def tick(_n, state, smoothing, x_axis, log_y, points, custom):
+        if not state:
+            return (no_update,) * (len(GRAPHS) + 3)
+        reader = data.reader()
+        ctl = Controls.from_inputs(smoothing, x_axis, log_y, points, custom)
+        out = tick_run(reader, state, ctl)
+        if out["redraw"]:                       # a new forecast: redraw once
+            full = draw_run(reader, state["run_id"], ctl)
+            return (*[full["figures"][g] for g in GRAPHS], full["state"], full["banner"],
+                    status_line(full["run"], full["state"]))
+        if all(p is None for p in out["figures"].values()) and out["banner"] is None:
+            new_state = out["state"] if out["state"] != state else no_update
+            return (no_update,) * len(GRAPHS) + (new_state, no_update, no_update)
+        return (*[out["figures"][g] if out["figures"][g] is not None else no_update
+                  for g in GRAPHS], out["state"],
+                out["banner"] if out["banner"] is not None else no_update,
+                status_line(run_row(reader, state["run_id"]), out["state"]))
+
+    @app.callback(Output("run-tick", "disabled"), Output("run-pause", "children"),
+                  Input("run-pause", "n_clicks"))
+    def pause(clicks):
+        paused = bool(clicks) and clicks % 2 == 1
+        return paused, ("Resume live" if paused else "Pause")

@@ -1,0 +1,108 @@
+"""Runs page: every run with its status, strategy, model, last step, current entropy with a
+sparkline, pass@1 and alerts; filter, open one, or select several to compare."""
+from __future__ import annotations
+
+import math
+from urllib.parse import quote
+
+import dash
+import pandas as pd
+from dash import Input, Output, State, dash_table, dcc, html
+
+from dashboard import data
+from dashboard.figures import sparkline
+
+REFRESH_MS = 3000
+COLUMNS = [("name", "run"), ("status", "status"), ("strategy", "strategy"), ("model", "model"),
+           ("last_step", "last step"), ("entropy", "entropy H"), ("trend", "H trend"),
+           ("pass1", "pass@1"), ("alerts", "alerts")]
+
+
+def _num(value, digits: int = 3):
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) \
+        else round(float(value), digits)
+
+
+def runs_rows(reader) -> list[dict]:
+    """One table row per run (plain values: DataTable renders them as text)."""
+    runs = reader.list_runs()
+    alerts = reader.read_alerts()
+    counts = alerts.groupby(["run_id", "severity"]).size() if not alerts.empty else pd.Series()
+    rows = []
+    for run in runs.to_dict("records"):
+        rid = run["run_id"]
+        scal = reader.read_scalars(rid, keys=["entropy/mean", "pass@1"], downsample=24)
+        ent = scal[scal["key"] == "entropy/mean"].sort_values("step")["value"].tolist()
+        p1 = scal[scal["key"] == "pass@1"].sort_values("step")["value"].tolist()
+        crit = int(counts.get((rid, "critical"), 0)) if len(counts) else 0
+        warn = int(counts.get((rid, "warning"), 0)) if len(counts) else 0
+        rows.append({
+            "id": rid, "name": run.get("name") or rid, "status": run.get("status") or "?",
+            "strategy": run.get("strategy") or "", "model": run.get("model") or "",
+            "last_step": None if pd.isna(run.get("last_step")) else int(run["last_step"]),
+            "entropy": _num(ent[-1]) if ent else None, "trend": sparkline(ent),
+            "pass1": _num(p1[-1]) if p1 else None,
+            "alerts": " · ".join(t for t in (f"{crit} critical" if crit else "",
+                                             f"{warn} warning" if warn else "") if t),
+        })
+    return rows
+
+
+def layout(**_query) -> html.Div:
+    return html.Div([
+        html.H2("Runs"),
+        html.Div(className="controls", children=[
+            html.Span("Filter: type in the row under the headers (e.g. fork, live). "
+                      "Click a run to open it; tick rows to compare them."),
+            html.Button("Compare selected", id="runs-compare", className="btn"),
+        ]),
+        dash_table.DataTable(
+            id="runs-table", columns=[{"name": label, "id": cid} for cid, label in COLUMNS],
+            data=runs_rows(data.reader()), row_selectable="multi", selected_rows=[],
+            filter_action="native", sort_action="native", page_size=50,
+            style_as_list_view=True, style_cell={"fontFamily": "inherit", "padding": "6px 10px",
+                                                 "textAlign": "left", "fontSize": "14px"},
+            style_header={"fontWeight": "600", "backgroundColor": "#f1f3f5"},
+            style_cell_conditional=[{"if": {"column_id": "trend"},
+                                     "fontFamily": "monospace", "color": "#d9480f"},
+                                    {"if": {"column_id": "name"}, "cursor": "pointer",
+                                     "color": "#1c7ed6", "fontWeight": "600"}],
+            style_data_conditional=[
+                {"if": {"filter_query": '{status} = "live"', "column_id": "status"},
+                 "color": "#2b8a3e", "fontWeight": "600"},
+                {"if": {"filter_query": '{status} = "crashed"', "column_id": "status"},
+                 "color": "#c92a2a", "fontWeight": "600"},
+                {"if": {"filter_query": '{alerts} contains "critical"', "column_id": "alerts"},
+                 "color": "#c92a2a"}]),
+        dcc.Interval(id="runs-tick", interval=REFRESH_MS),
+    ])
+
+
+def register(app: dash.Dash) -> None:
+    """The page and its callbacks on `app`."""
+    dash.register_page(__name__, path="/", name="Runs", title="forksight · runs",
+                       layout=layout)
+
+    @app.callback(Output("runs-table", "data"), Input("runs-tick", "n_intervals"),
+                  prevent_initial_call=True)
+    def refresh(_n):
+        return runs_rows(data.reader())
+
+    @app.callback(Output("nav-location", "href", allow_duplicate=True),
+                  Input("runs-table", "active_cell"), State("runs-table", "derived_viewport_data"),
+                  prevent_initial_call=True)
+    def open_run(cell, rows):
+        if not cell or cell.get("column_id") != "name" or not rows:
+            return dash.no_update
+        return dash.get_relative_path(f"/run?run={quote(rows[cell['row']]['id'])}")
+
+    @app.callback(Output("nav-location", "href", allow_duplicate=True),
+                  Input("runs-compare", "n_clicks"), State("runs-table", "derived_virtual_data"),
+                  State("runs-table", "derived_virtual_selected_rows"),
+                  prevent_initial_call=True)
+    def compare(clicks, rows, selected):
+        if not clicks:          # the button is re-created with each page visit: not a click
+            return dash.no_update
+        ids = [rows[i]["id"] for i in (selected or [])] if rows else []
+        query = quote(",".join(ids)) if ids else ""
+        return dash.get_relative_path(f"/compare?runs={query}")

@@ -1,0 +1,266 @@
+"""The dashboard's pure pieces: figure builders, the live Patch, token spans.
+
+Each test checks a figure against the DataFrame it was built from (or a hand computation),
+and every figure is validated by plotly's own go.Figure.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from dashboard import figures as F
+from dashboard.live import extend_patch, trace_plan
+from dashboard.tokens_view import pick_sample, token_spans
+
+KEYS = ("entropy/mean", "entropy/p20", "entropy/p80", "renyi2/mean", "js/mean", "reward/mean",
+        "pass@1", "pass@4", "pass@8", "loss", "fork/frac")
+
+
+def scalars_frame(steps: int, seed: int = 0, keys=KEYS) -> pd.DataFrame:
+    """The Reader's read_scalars shape: (key, step, value, wall_time), random values."""
+    rng = np.random.default_rng(seed)
+    parts = [pd.DataFrame({"key": k, "step": np.arange(steps), "value": rng.random(steps),
+                           "wall_time": 1.7e9 + 0.5 * np.arange(steps)}) for k in keys]
+    return pd.concat(parts, ignore_index=True)
+
+
+def trace_for(fig: dict, key: str, role: str) -> dict:
+    found = [t for t in fig["data"] if (t.get("meta") or {}).get("key") == key
+             and t["meta"].get("role") == role]
+    assert len(found) == 1, f"expected one {role} trace for {key}, found {len(found)}"
+    return found[0]
+
+
+def apply_patch(fig: dict, patch) -> dict:
+    """Apply a dash Patch's operations to a figure dict, as the browser does."""
+    out = copy.deepcopy(fig)
+    for op in patch.to_plotly_json()["operations"]:
+        *path, last = op["location"]
+        target = out
+        for part in path:
+            target = target[part]
+        value = op["params"]["value"]
+        if op["operation"] == "Extend":
+            target[last].extend(value)
+        elif op["operation"] == "Append":
+            target[last].append(value)
+        elif op["operation"] == "Assign":
+            target[last] = value
+        else:
+            raise AssertionError(f"unexpected patch operation {op['operation']}")
+    return out
+
+
+# ---------------------------------------------------------------- numbers
+def test_ema_debiased_matches_a_hand_computation():
+    # beta 0.5 on 1, 2, 3: acc 0.5, 1.25, 2.125; debiased by 1 - 0.5^t
+    smoothed, acc, count = F.ema_debiased([1.0, 2.0, 3.0], 0.5)
+    assert smoothed == pytest.approx([0.5 / 0.5, 1.25 / 0.75, 2.125 / 0.875])
+    assert (acc, count) == (pytest.approx(2.125), 3)
+    # resuming from the returned state gives what one pass over everything gives
+    head, acc, count = F.ema_debiased([1.0, 2.0], 0.5)
+    tail, _, _ = F.ema_debiased([3.0], 0.5, acc, count)
+    assert tail[0] == pytest.approx(smoothed[2])
+
+
+def test_ema_skips_nan_and_beta_zero_is_identity():
+    smoothed, _, count = F.ema_debiased([2.0, math.nan, 4.0], 0.9)
+    assert math.isnan(smoothed[1]) and count == 2
+    assert smoothed[2] == pytest.approx((0.9 * 0.2 + 0.4) / (1 - 0.81))
+    assert F.ema_debiased([3.0, 1.0], 0.0)[0].tolist() == [3.0, 1.0]
+
+
+@pytest.mark.parametrize("n,max_points", [(10_007, 1000), (5, 1000), (2, 2), (999, 3)])
+def test_downsampling_keeps_both_endpoints_and_the_bound(n, max_points):
+    idx = F.downsample_indices(n, max_points)
+    assert idx[0] == 0 and idx[-1] == n - 1
+    assert len(idx) <= max_points and np.all(np.diff(idx) > 0)
+
+
+def test_series_downsampled_keeps_first_and_last_step():
+    rows = F.series(scalars_frame(5000), "entropy/mean", max_points=300)
+    assert rows["step"].iloc[0] == 0 and rows["step"].iloc[-1] == 4999 and len(rows) <= 300
+
+
+def test_sparkline_follows_the_values():
+    line = F.sparkline([0, 1, 2, 3, 4, 5, 6, 7])
+    assert line == F.SPARK_CHARS and F.sparkline([]) == ""
+
+
+# ---------------------------------------------------------------- run page figures
+def test_entropy_figure_holds_the_input_values():
+    scal = scalars_frame(200)
+    fig = F.entropy_figure(scal, smoothing=0.0, vocab_size=3)
+    go.Figure(fig)                          # plotly accepts it
+    for key in ("entropy/mean", "renyi2/mean", "js/mean", "entropy/p20", "entropy/p80"):
+        rows = scal[scal.key == key].sort_values("step")
+        trace = trace_for(fig, key, "raw")
+        assert trace["x"] == rows["step"].tolist()
+        assert np.allclose(trace["y"], rows["value"].to_numpy())
+    assert trace_for(fig, "js/mean", "raw")["yaxis"] == "y2"       # JS on its own axis
+    ys = sorted(s["y0"] for s in fig["layout"]["shapes"] if s["yref"] == "y")
+    assert ys == pytest.approx([F.FORK_THRESHOLD, math.log(3)])   # fork and log|V| lines
+
+
+def test_smoothed_trace_is_the_debiased_ema_of_the_raw_one():
+    scal = scalars_frame(100)
+    fig = F.entropy_figure(scal, smoothing=0.8)
+    raw = scal[scal.key == "entropy/mean"].sort_values("step")["value"].to_numpy()
+    want = F.ema_debiased(raw, 0.8)[0]
+    assert np.allclose(trace_for(fig, "entropy/mean", "smooth")["y"], want)
+    assert trace_for(fig, "entropy/mean", "raw")["opacity"] < 0.5   # raw stays, faint
+
+
+def test_scattergl_only_past_the_threshold():
+    small = F.entropy_figure(scalars_frame(100))
+    big = F.entropy_figure(scalars_frame(F.SCATTERGL_AFTER // 3))
+    assert {t["type"] for t in small["data"] if t["meta"]["role"] == "raw"} == {"scatter"}
+    assert {t["type"] for t in big["data"] if t["meta"]["role"] == "raw"} == {"scattergl"}
+    go.Figure(big)
+
+
+def test_wall_time_axis_uses_the_stored_times():
+    scal = scalars_frame(10)
+    fig = F.entropy_figure(scal, x_axis="wall")
+    x = pd.to_datetime(trace_for(fig, "entropy/mean", "raw")["x"])
+    assert (x - pd.Timestamp(0)).total_seconds().tolist() == pytest.approx(
+        (1.7e9 + 0.5 * np.arange(10)).tolist())
+    assert fig["layout"]["xaxis"]["type"] == "date"
+
+
+def test_alert_markers_sit_on_the_entropy_curve_and_forecast_is_drawn_ahead():
+    scal = scalars_frame(300)
+    alerts = pd.DataFrame([
+        {"step": 40, "severity": "warning", "detector": "entropy_collapse",
+         "message": "falling", "action": "lower lr", "value": 0.5, "threshold": 0.1,
+         "forecast": 420},
+        {"step": 120, "severity": "critical", "detector": "fork_starvation",
+         "message": "few forks", "action": "raise clip-high", "value": 0.01,
+         "threshold": 0.05, "forecast": None}])
+    fig = F.entropy_figure(scal, alerts=alerts)
+    marks = trace_for(fig, "alerts", "alerts")
+    mean = scal[scal.key == "entropy/mean"].set_index("step")["value"]
+    assert marks["x"] == [40, 120]
+    assert marks["y"] == pytest.approx([mean[40], mean[120]])
+    assert "lower lr" in marks["hovertext"][0]
+    forecast = trace_for(fig, "forecast", "forecast")
+    assert forecast["x"] == [299, 420]                      # from the last point to ahead
+    assert any(s.get("x0") == 420 for s in fig["layout"]["shapes"])
+    # a forecast already behind the curve is not drawn
+    past = F.entropy_figure(scal, alerts=alerts.assign(forecast=[200, None]))
+    assert not [t for t in past["data"] if t["meta"].get("role") == "forecast"]
+
+
+def test_histogram_heatmap_shows_each_steps_share_per_bin():
+    hist = pd.DataFrame({"step": [0, 0, 0, 5, 5, 5], "bin_lo": [0.0, 0.1, 1.0] * 2,
+                         "bin_hi": [0.1, 1.0, 2.0] * 2, "count": [1, 1, 2, 6, 2, 0]})
+    fig = F.entropy_heatmap(hist)
+    go.Figure(fig)
+    z = np.array(fig["data"][0]["z"])
+    assert fig["data"][0]["x"] == [0, 5]
+    assert np.allclose(z, [[0.25, 0.25, 0.5], [0.75, 0.25, 0.0]])
+
+
+def test_passk_figure_orders_k_and_draws_the_gap():
+    scal = scalars_frame(50)
+    fig = F.passk_figure(scal)
+    go.Figure(fig)
+    names = [t["meta"]["key"] for t in fig["data"] if t["meta"]["role"] == "raw"]
+    assert names[1:4] == ["pass@1", "pass@4", "pass@8"]
+    gap = trace_for(fig, "gap", "raw")
+    p1 = scal[scal.key == "pass@1"].sort_values("step")["value"].to_numpy()
+    p8 = scal[scal.key == "pass@8"].sort_values("step")["value"].to_numpy()
+    assert np.allclose(gap["y"], p8 - p1)
+
+
+def test_scalar_grid_has_one_panel_per_key_and_names_missing_ones():
+    fig = F.scalar_grid(scalars_frame(30), ["loss", "fork/frac", "kl"], smoothing=0.0)
+    go.Figure(fig)
+    assert [a["text"] for a in fig["layout"]["annotations"]] == ["loss", "fork/frac",
+                                                                  "kl (not logged)"]
+    assert len({t["xaxis"] for t in fig["data"]}) == 3
+
+
+def test_compare_colours_by_strategy():
+    runs = [{"run_id": r, "label": r, "strategy": s, "scalars": scalars_frame(20, seed=i)}
+            for i, (r, s) in enumerate([("a", "all"), ("b", "fork"), ("c", "fork")])]
+    fig = F.compare_figure(runs)
+    go.Figure(fig)
+    colours = {t["meta"]["run"]: t["line"]["color"] for t in fig["data"]}
+    assert colours["b"] == colours["c"] == F.strategy_color("fork") != colours["a"]
+
+
+# ---------------------------------------------------------------- live patch
+@pytest.mark.parametrize("smoothing", [0.0, 0.7])
+def test_live_patch_appends_exactly_what_a_full_redraw_shows(smoothing):
+    scal = scalars_frame(90)
+    first = scal[scal.step < 60]
+    for build in (lambda s: F.entropy_figure(s, smoothing=smoothing),
+                  lambda s: F.passk_figure(s, smoothing=smoothing),
+                  lambda s: F.scalar_grid(s, ["loss", "fork/frac"], smoothing=smoothing)):
+        drawn = build(first)
+        patch, plan = extend_patch(trace_plan(drawn), scal[scal.step >= 55], last_step=59,
+                                   smoothing=smoothing, x_axis="step")
+        grown, full = apply_patch(drawn, patch), build(scal)
+        for got, want in zip(grown["data"], full["data"]):
+            if want["meta"]["role"] in ("raw", "smooth"):
+                assert got["x"] == want["x"]
+                assert np.allclose(got["y"], want["y"])
+        # the plan's EMA state moved on: a second tick with nothing new changes nothing
+        assert extend_patch(plan, scal, last_step=89, smoothing=smoothing,
+                            x_axis="step")[0] is None
+
+
+def test_live_patch_extends_heatmap_and_alert_markers():
+    edges = [0.0, 0.1, 1.0, 2.0]
+    hist = pd.DataFrame({"step": np.repeat([0, 1, 2], 3), "bin_lo": edges[:-1] * 3,
+                         "bin_hi": edges[1:] * 3, "count": [1, 1, 2, 3, 1, 0, 0, 0, 4]})
+    drawn = F.entropy_heatmap(hist[hist.step < 2])
+    patch, _ = extend_patch(trace_plan(drawn), scalars_frame(0), last_step=1, smoothing=0,
+                            x_axis="step", hist=hist)
+    grown = apply_patch(drawn, patch)
+    assert grown["data"][0]["x"] == [0, 1, 2]
+    assert grown["data"][0]["z"][2] == pytest.approx([0.0, 0.0, 1.0])
+    scal = scalars_frame(10)
+    fig = F.entropy_figure(scal[scal.step < 5])
+    alert = pd.DataFrame([{"step": 7, "severity": "critical", "detector": "d",
+                           "message": "m", "action": "a", "value": 0.1, "threshold": 0.2,
+                           "forecast": None}])
+    patch, _ = extend_patch(trace_plan(fig), scal, last_step=4, smoothing=0, x_axis="step",
+                            new_alerts=alert)
+    marks = trace_for(apply_patch(fig, patch), "alerts", "alerts")
+    assert marks["x"] == [7]
+    assert marks["y"] == pytest.approx([scal[(scal.key == "entropy/mean")
+                                             & (scal.step == 7)]["value"].iloc[0]])
+    assert marks["marker"]["symbol"] == ["x"]
+
+
+# ---------------------------------------------------------------- tokens
+def test_token_spans_carry_text_marks_and_every_number():
+    payload = '<script>window.__xss=1</script>'
+    tokens = pd.DataFrame({"pos": [2, 0, 1], "token": [payload, "4", "2"],
+                           "token_id": [9, 20, 18], "entropy": [1.5, 0.01, 0.8],
+                           "renyi2": [1.1, 0.01, 0.5], "js": [0.2, 0.0, 0.1],
+                           "logp": [-2.0, -0.01, -0.7], "top1": [0.3, 0.99, 0.6],
+                           "fork": [True, False, True], "selected": [True, False, False]})
+    spans = token_spans(tokens, "entropy")
+    assert [s.children for s in spans] == ["4", "2", payload]     # by position, text as is
+    assert [s.className for s in spans] == ["tok", "tok fork", "tok fork sel"]
+    title = spans[2].title
+    for number in ("1.5000", "1.1000", "0.2000", "-2.0000", "0.3000"):
+        assert number in title
+    assert spans[0].style["backgroundColor"] != spans[2].style["backgroundColor"]
+
+
+def test_pick_sample_lowest_and_highest_reward_of_a_group():
+    samples = pd.DataFrame({"sample_id": [0, 1, 2, 3], "group_id": [0, 0, 0, 1],
+                            "reward": [0.5, 0.0, 1.0, 0.2]})
+    assert pick_sample(samples, "low:0") == 1
+    assert pick_sample(samples, "high:0") == 2
+    assert pick_sample(samples, "3") == 3
+    assert pick_sample(samples, "9") is None
