@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
 import threading
 import time
@@ -362,6 +363,8 @@ class HttpSink(_Sink):
         left = self.spooled()
         if left:
             log.warning("forksight: %d batch(es) for run %s not delivered; kept in %s", left, self.run_id, self._spool)
+        elif self._spool.exists():
+            shutil.rmtree(self._spool, ignore_errors=True)
         self._http.close()
 
     def spooled(self) -> int:
