@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Strategy = Literal["all", "fork", "ict", "random", "stapo", "maxtok", "mintok", "rand1tok"]
+STRATEGIES: tuple[str, ...] = ("all", "fork", "ict", "random", "stapo", "maxtok", "mintok", "rand1tok")
 DISTILL_STRATEGIES = ("maxtok", "mintok", "rand1tok")
 
 

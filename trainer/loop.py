@@ -1,0 +1,358 @@
+"""The training loop: `train(config, sink=None) -> TrainResult`. Reads top to bottom: set up
+(distributed, models, sink), then per step rollout → rewards → one forward → token_stats →
+selection → loss → step → report. Under torchrun every rank trains on its own prompts, the
+gradients are all-reduced (gloo on CPU), and every rank streams its own records.
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from monitor import metrics
+from trainer import loss as losses
+from trainer.config import TrainConfig
+from trainer.model import build_tiny, load
+from trainer.rollout import Rollout, completion_logits, generate, token_logp
+from trainer.selection import select
+from trainer.tasks import Task, held_out, make_task
+
+
+@dataclass
+class TrainResult:
+    """What a finished (or stopped) run reports back."""
+
+    run_id: str
+    steps: int                    # last completed step (counting resumed ones)
+    final: dict[str, float]       # scalars of the last step
+    eval: dict[str, float] = field(default_factory=dict)  # last eval/pass@k
+    stopped_early: bool = False   # sink.should_stop (a critical alert) ended the run
+    checkpoint: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class Context:
+    """Everything one step needs; built once by `setup`, reusable by benchmarks."""
+
+    config: TrainConfig
+    model: Any
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    task: Task
+    reporter: Any = None          # hooks.report.StepReporter, or None to stream nothing
+    ref: Any = None               # reference model (beta > 0)
+    teacher: Any = None           # teacher model (distillation strategies)
+    rank: int = 0
+    world: int = 1
+    model_path: str = ""
+    run_name: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# setup
+
+
+def _dist() -> tuple[int, int]:
+    """(rank, world size); joins the torchrun process group (gloo) when launched by torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo")
+    if world > 1:
+        return torch.distributed.get_rank(), world
+    return 0, 1
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        torch.distributed.barrier()
+
+
+def resolve_models(config: TrainConfig, task: Task, rank: int, world: int) -> tuple[str, str | None]:
+    """Policy and teacher directories; rank 0 warms up (cached), the others wait and reuse."""
+    from trainer.warmup import ensure_warm
+
+    base = config.model or str(build_tiny())
+    policy, teacher = base, config.teacher
+    if rank == 0:
+        kw = dict(loss=config.warmup_loss, seed=config.seed,
+                  max_seconds=config.warmup_max_seconds, progress=config.progress)
+        if config.warmup:
+            policy = str(ensure_warm(base, task, target_pass=config.warmup_pass, **kw))
+        if config.is_distill and teacher is None:
+            # "longer-trained tiny model": the policy's warm-up continued to a higher pass@1
+            teacher = str(ensure_warm(policy, task, target_pass=config.teacher_pass, **kw))
+    if world > 1:
+        shared = [policy, teacher]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        policy, teacher = shared
+    return policy, teacher
+
+
+def open_run_sink(config: TrainConfig, run_name: str, rank: int, world: int):
+    """The sink for this rank. One run for all ranks: rank 0 creates it, the others join the
+    live run of the same name (the collector merges a step across ranks). With db=..., only
+    rank 0 logs: a DuckDB file belongs to one process (use url for multi-rank runs)."""
+    from monitor.client import NullSink, open_sink
+
+    if not config.stream:
+        return NullSink(run_name)
+    common = dict(url=config.url, db=config.db, strategy=config.strategy,
+                  model=config.model or "tiny-qwen2", config=config.model_dump(),
+                  project=config.project, stop_on_alert=config.stop_on_alert)
+    sink = open_sink(run=run_name, rank=0, **common) if rank == 0 else None
+    _barrier(world)  # the run exists before the other ranks ask to join it
+    if rank != 0:
+        sink = open_sink(run=run_name, rank=rank, **common)
+    return sink
+
+
+def setup(config: TrainConfig, sink=None, *, model=None, tokenizer=None) -> tuple[Context, Any]:
+    """Build the step context (and the sink unless one is given)."""
+    rank, world = _dist()
+    task = make_task(config.task, level=config.level, reverse=config.reverse, path=config.task_path)
+    if model is None:
+        policy_path, teacher_path = resolve_models(config, task, rank, world)
+        model, tokenizer = load(policy_path)
+    else:
+        policy_path, teacher_path = "(given)", config.teacher
+    torch.manual_seed(config.seed)  # identical initial weights are given; this seeds the rest
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    ref = teacher = None
+    if config.beta > 0:
+        ref = load(policy_path)[0].eval().requires_grad_(False)
+    if config.is_distill:
+        if teacher_path is None:
+            raise ValueError(f"strategy {config.strategy!r} needs a teacher: set teacher (a model "
+                             "directory) or keep the default warm-up teacher")
+        teacher = load(teacher_path)[0].eval().requires_grad_(False)
+    run_name = config.run or f"{config.strategy}-{task.name}-s{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if world > 1:  # ranks may disagree on the clock: rank 0's name wins
+        shared = [run_name]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        run_name = shared[0]
+    if sink is None:
+        sink = open_run_sink(config, run_name, rank, world)
+    from hooks.report import StepReporter
+
+    reporter = StepReporter(sink, tokenizer, token_groups=config.token_groups)
+    ctx = Context(config, model, tokenizer, optimizer, task, reporter, ref, teacher, rank, world,
+                  policy_path, run_name)
+    return ctx, sink
+
+
+# ---------------------------------------------------------------------------------------------
+# one step
+
+
+def _step_seed(config: TrainConfig, rank: int, step: int) -> int:
+    """Every (seed, rank, step) draws its own prompts and samples: resume replays exactly."""
+    return (config.seed * 1_000_003 + rank * 7919 + step) % (2**31)
+
+
+def rollout_batch(ctx: Context, step: int) -> tuple[Rollout, list, torch.Tensor, list[bool]]:
+    """Prompts for this rank and step, G samples each, and their verdicts."""
+    cfg = ctx.config
+    rng = random.Random(_step_seed(cfg, ctx.rank, step))
+    problems = [ctx.task.sample(rng) for _ in range(cfg.prompts_per_step)]
+    torch.manual_seed(_step_seed(cfg, ctx.rank, step))
+    roll = generate(ctx.model, ctx.tokenizer, [p.prompt for p in problems], cfg.group_size,
+                    temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                    group_offset=ctx.rank * cfg.prompts_per_step)
+    verdicts = [ctx.task.verify(problems[i // cfg.group_size], text)
+                for i, text in enumerate(roll.texts)]
+    rewards = torch.tensor([r for r, _ in verdicts], dtype=torch.float32)
+    return roll, problems, rewards, [c for _, c in verdicts]
+
+
+def _all_reduce_grads(model, world: int) -> None:
+    """Average gradients over ranks (manual DDP: the model also has to `generate`)."""
+    if world == 1:
+        return
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        torch.distributed.all_reduce(p.grad)
+        p.grad.div_(world)
+
+
+def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, float]:
+    """One RL step; returns the scalars the reporter streamed (or the loss-side ones)."""
+    cfg = ctx.config
+    roll, problems, rewards, correct = rollout_batch(ctx, step)
+    adv = losses.group_advantages(rewards, roll.group_ids, scale=cfg.scale_rewards)
+    valid = roll.mask
+    logits = completion_logits(ctx.model, roll.input_ids, roll.attention_mask, roll.prompt_len)
+    # The one pass over the vocabulary for statistics: selection reads it, the reporter ships it.
+    need_js = report or cfg.strategy == "ict"
+    stats = metrics.token_stats(logits.detach(), mask=valid, tokens=roll.completion,
+                                temperature=cfg.temperature,
+                                group_ids=roll.group_ids if need_js else None)
+    gen = torch.Generator().manual_seed(_step_seed(cfg, ctx.rank, step))
+    teacher_logits = kl = None
+    if ctx.teacher is not None:
+        with torch.no_grad():
+            teacher_logits = completion_logits(ctx.teacher, roll.input_ids, roll.attention_mask,
+                                               roll.prompt_len)
+        kl = metrics.token_kl(logits.detach() / cfg.temperature,
+                              teacher_logits / cfg.temperature, valid)
+    sel = select(cfg.strategy, stats, advantages=adv, rho=cfg.effective_rho,
+                 normalizer=cfg.normalizer, generator=gen, stapo_tau_p=cfg.stapo_tau_p,
+                 stapo_entropy_q=cfg.stapo_entropy_q, kl=kl, distill_tokens=cfg.distill_tokens)
+    ref_logp = None
+    if ctx.ref is not None:
+        with torch.no_grad():
+            ref_logits = completion_logits(ctx.ref, roll.input_ids, roll.attention_mask,
+                                           roll.prompt_len)
+            ref_logp = token_logp(ref_logits, roll.completion, cfg.temperature)
+    extra: dict[str, float] = {}
+    old_logp = None
+    for update in range(cfg.updates_per_batch):
+        if update > 0:  # later updates see the moved policy: recompute its logits
+            logits = completion_logits(ctx.model, roll.input_ids, roll.attention_mask,
+                                       roll.prompt_len)
+        if teacher_logits is not None:
+            loss, info = _distill(logits, teacher_logits, sel.mask, cfg.temperature), {}
+        else:
+            logp = token_logp(logits, roll.completion, cfg.temperature)
+            old_logp = logp.detach() if old_logp is None else old_logp
+            loss, info = losses.grpo_loss(logp, old_logp, adv, sel.mask, valid,
+                                          clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                          normalizer=sel.normalizer, ref_logp=ref_logp,
+                                          beta=cfg.beta)
+        ctx.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        _all_reduce_grads(ctx.model, ctx.world)
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), max_norm)
+        ctx.optimizer.step()
+    extra.update(info, **sel.info, loss=loss.item(), grad_norm=float(grad_norm),
+                 lr=ctx.optimizer.param_groups[0]["lr"])
+    extra.setdefault("kl", 0.0)
+    if kl is not None:
+        extra["distill/kl_mean"] = float(kl[valid].mean()) if valid.any() else 0.0
+    if not report or ctx.reporter is None:
+        return extra
+    samples = [{"prompt": problems[i // cfg.group_size].prompt, "completion": text,
+                "reward": float(rewards[i]), "correct": correct[i], "source": ctx.task.name}
+               for i, text in enumerate(roll.texts)]
+    return ctx.reporter.report(step, stats, roll.completion, selected=sel.mask,
+                               group_ids=roll.group_ids, advantages=adv, samples=samples,
+                               extra=extra, weight=float(valid.sum()))
+
+
+def _distill(logits: torch.Tensor, teacher_logits: torch.Tensor, selected: torch.Tensor,
+             temperature: float) -> torch.Tensor:
+    """Mean reverse KL(student ‖ teacher) over the few selected tokens, with grad; only those
+    rows go through log_softmax (the dense per-token KL for selection came from metrics)."""
+    b, t = selected.nonzero(as_tuple=True)
+    log_s = torch.log_softmax(logits[b, t].float() / temperature, dim=-1)
+    log_t = torch.log_softmax(teacher_logits[b, t].float() / temperature, dim=-1)
+    per_token = F.kl_div(log_t, log_s, log_target=True, reduction="none").sum(-1)
+    return losses.distill_loss(per_token.unsqueeze(0), torch.ones_like(per_token, dtype=torch.bool).unsqueeze(0))
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluation and checkpoints
+
+
+@torch.no_grad()
+def evaluate(ctx: Context) -> dict[str, float]:
+    """eval/pass@k on the held-out problems with eval_samples samples each."""
+    cfg = ctx.config
+    problems = held_out(ctx.task, cfg.eval_problems, cfg.seed)
+    torch.manual_seed(cfg.seed + 424242)
+    roll = generate(ctx.model, ctx.tokenizer, [p.prompt for p in problems], cfg.eval_samples,
+                    temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+    n = cfg.eval_samples
+    verdicts = [[ctx.task.verify(p, roll.texts[i * n + j])[1] for j in range(n)]
+                for i, p in enumerate(problems)]
+    out = {f"eval/pass@{k}": v for k, v in metrics.pass_at_k_groups(verdicts).items()}
+    return out
+
+
+def checkpoint_path(config: TrainConfig, run_name: str) -> Path:
+    return Path(config.out_dir) / run_name / "checkpoint.pt"
+
+
+def save_checkpoint(ctx: Context, path: Path, step: int, run_id: str) -> None:
+    """Weights, optimiser state, step and run id (rank 0 only; ranks hold identical weights)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": ctx.model.state_dict(), "optimizer": ctx.optimizer.state_dict(),
+                "step": step, "run_id": run_id, "model_path": ctx.model_path,
+                "config": ctx.config.model_dump()}, tmp)
+    tmp.replace(path)
+
+
+def load_checkpoint(ctx: Context, path: Path) -> dict:
+    if not path.exists():
+        raise FileNotFoundError(f"resume: no checkpoint at {path} (was the run named differently, "
+                                "or out_dir changed?)")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    ctx.model.load_state_dict(state["model"])
+    ctx.optimizer.load_state_dict(state["optimizer"])
+    return state
+
+
+# ---------------------------------------------------------------------------------------------
+# the loop
+
+
+def train(config: TrainConfig, sink=None) -> TrainResult:
+    """Run (or resume) a training run; streams to `sink`, else to the sink the config names."""
+    from tqdm.auto import tqdm
+
+    started = time.perf_counter()
+    ctx, sink = setup(config, sink)
+    start = 0
+    ckpt = checkpoint_path(config, ctx.run_name)
+    if config.resume:
+        start = load_checkpoint(ctx, ckpt)["step"]
+    run_id = getattr(sink, "run_id", None) or ctx.run_name
+    bar = tqdm(total=config.steps, initial=start, desc=run_id, unit="step",
+               disable=not config.progress or ctx.rank != 0)
+    scalars: dict[str, float] = {}
+    last_eval: dict[str, float] = {}
+    stopped = False
+    step = start
+    for step in range(start + 1, config.steps + 1):
+        scalars = train_step(ctx, step)
+        bar.update(1)
+        bar.set_postfix(reward=f"{scalars.get('reward/mean', 0):.2f}",
+                        H=f"{scalars.get('entropy/mean', 0):.3f}",
+                        p1=f"{scalars.get('pass@1', 0):.2f}")
+        if config.eval_every and step % config.eval_every == 0 and ctx.rank == 0:
+            last_eval = evaluate(ctx)
+            sink.log_scalars(step, last_eval)
+        if ctx.rank == 0 and config.save_every and step % config.save_every == 0:
+            save_checkpoint(ctx, ckpt, step, run_id)
+        if _should_stop(sink, ctx.world):
+            stopped = True
+            break
+    bar.close()
+    if ctx.rank == 0 and step > start:
+        if not config.eval_every or step % config.eval_every:
+            last_eval = evaluate(ctx)
+            sink.log_scalars(step, last_eval)
+        save_checkpoint(ctx, ckpt, step, run_id)
+    _barrier(ctx.world)
+    sink.finish(status="stopped" if stopped else "finished")
+    return TrainResult(run_id=run_id, steps=step, final=scalars, eval=last_eval,
+                       stopped_early=stopped, checkpoint=str(ckpt),
+                       seconds=round(time.perf_counter() - started, 2))
+
+
+def _should_stop(sink, world: int) -> bool:
+    """Any rank's sink saw a critical alert (with stop_on_alert): every rank stops together."""
+    flag = torch.tensor([1.0 if getattr(sink, "should_stop", False) else 0.0])
+    if world > 1:
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return bool(flag.item())
