@@ -38,8 +38,8 @@ FORK_ENTROPY = 0.672
 _STATS_BUFFERS = 3  # shifted logits s, exp(s), and a gathered/projected copy of the logits
 _JS_BUFFERS = 5  # s and exp(s) for B + G ≤ 2B rows per position each, plus the logits copy
 # Rows per block beyond which bigger blocks only cost cache misses (measured in bench/metrics.py):
-# about 4 MB of float32 working set keeps the re-reads of each block in L2/L3.
-_CACHE_FLOATS = 1 << 20
+# ~16 MB per buffer amortises per-op overhead while the re-reads of a block stay mostly in L3.
+_CACHE_FLOATS = 1 << 22
 
 
 @dataclass
@@ -235,6 +235,27 @@ def _block_rows(chunk_size: int, buffers: int, vocab: int) -> int:
     return max(1, min(chunk_size // buffers, _CACHE_FLOATS // vocab))
 
 
+class _Sums:
+    """Per-row raw sums filled block by block; the statistics come from them in one go at the end."""
+
+    def __init__(self, shape: tuple[int, ...], device, with_logp: bool):
+        new = lambda: torch.empty(shape, dtype=torch.float32, device=device)  # noqa: E731
+        self.max, self.s1, self.sz, self.s2 = new(), new(), new(), new()
+        self.s_y = new() if with_logp else None  # shifted logit of the sampled token
+
+    def fill(self, index, s: Tensor, e: Tensor, m: Tensor, tokens: Tensor | None) -> None:
+        self.max[index] = m
+        self.s1[index], self.sz[index], self.s2[index] = _row_sums(s, e)
+        if tokens is not None:
+            self.s_y[index] = s.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+    def finish(self, active: Tensor) -> dict[str, Tensor | None]:
+        _raise_nonfinite(self.max, active)
+        entropy, renyi2, top1, log_s1 = _stats_from_sums(self.s1, self.sz, self.s2)
+        logp = self.s_y - log_s1 if self.s_y is not None else None
+        return {"entropy": entropy, "renyi2": renyi2, "top1": top1, "logp": logp}
+
+
 # ---------------------------------------------------------------------------- public: stats
 
 
@@ -283,15 +304,17 @@ def _stats_by_tokens(src: _Logits, valid: Tensor, toks, inv_temp: float, chunk_s
     rows = _block_rows(chunk_size, _STATS_BUFFERS, src.vocab)
     s_buf = torch.empty((min(rows, n), src.vocab), dtype=torch.float32, device=src.device)
     e_buf = torch.empty_like(s_buf)
+    sums = _Sums((n,), src.device, toks is not None)
+    tok_valid = toks[b_all, t_all] if toks is not None else None
     for start in range(0, n, rows):
-        b, t = b_all[start : start + rows], t_all[start : start + rows]
+        blk = slice(start, start + rows)
+        b, t = b_all[blk], t_all[blk]
         s, e = s_buf[: b.numel()], e_buf[: b.numel()]
         m = _shift_exp(src.rows(b, t), inv_temp, s, e)
-        _raise_nonfinite(m, torch.ones_like(m, dtype=torch.bool))
-        entropy, renyi2, top1, log_s1 = _stats_from_sums(*_row_sums(s, e))
-        out["entropy"][b, t], out["renyi2"][b, t], out["top1"][b, t] = entropy, renyi2, top1
-        if toks is not None:
-            out["logp"][b, t] = s.gather(-1, toks[b, t].unsqueeze(-1)).squeeze(-1) - log_s1
+        sums.fill(blk, s, e, m, tok_valid[blk] if toks is not None else None)
+    for name, value in sums.finish(torch.ones(n, dtype=torch.bool, device=src.device)).items():
+        if value is not None:
+            out[name][b_all, t_all] = value
 
 
 def _stats_by_positions(
@@ -302,46 +325,54 @@ def _stats_by_positions(
     JS(p‖P̄) = H(M) − ½H(p) − ½H(P̄) with M = ½(p + P̄). One small batched matmul per block
     gives every row's M and every group's P̄ straight from exp(s) (the 1/Σe folded into it).
     """
-    batch, vocab = src.batch, src.vocab
+    batch, vocab, device = src.batch, src.vocab, src.device
     n_groups = int(groups.max()) + 1
     onehot = torch.nn.functional.one_hot(groups, n_groups).to(torch.float32)  # [B, G]
     positions = valid.any(0).nonzero(as_tuple=True)[0]  # only positions some row needs
-    if positions.numel() == 0:
+    n_pos = positions.numel()
+    if n_pos == 0:
         return
+    act = valid[:, positions].T.contiguous()  # [P, B]
+    count = act.to(torch.float32) @ onehot  # [P, G] active rollouts per group and position
+    # weight of row j in its group's mean at each position (0 when inactive): 1/count
+    mean_weight = act / count.clamp(min=1)[:, groups]  # [P, B]
+    # [M; P̄] = ((D + C·w) / Σe) · e with D = [½I; 0] and C = [½·same group; group membership]
+    same = onehot @ onehot.T
+    c_mat = torch.cat([0.5 * same, onehot.T])  # [B + G, B]
+    d_mat = torch.cat([0.5 * torch.eye(batch, device=device), torch.zeros(n_groups, batch, device=device)])
+    has_inactive = (~act).any(1).tolist()  # one host sync up front, not one per block
+
     width = batch + n_groups  # rows of [M; P̄] per position
     per_block = max(1, _block_rows(chunk_size, _JS_BUFFERS, vocab) // width)
-    x_buf = torch.empty((per_block * width, vocab), dtype=torch.float32, device=src.device)
+    x_buf = torch.empty((per_block * width, vocab), dtype=torch.float32, device=device)
     y_buf = torch.empty_like(x_buf)
-    half_eye = 0.5 * torch.eye(batch, device=src.device)
-    for start in range(0, positions.numel(), per_block):
-        t_pos = positions[start : start + per_block]
+    sums = _Sums((n_pos, batch), device, toks is not None)
+    neg_h = torch.empty((n_pos, width), dtype=torch.float32, device=device)  # Σ x log x of [M; P̄]
+    toks_pos = toks[:, positions].T if toks is not None else None
+    for start in range(0, n_pos, per_block):
+        blk = slice(start, start + per_block)
+        t_pos = positions[blk]
         c = t_pos.numel()
-        act = valid[:, t_pos].T  # [c, B]
         s = x_buf[: c * batch].view(c, batch, vocab)
         e = y_buf[: c * batch].view(c, batch, vocab)
         m = _shift_exp(src.block(t_pos), inv_temp, s, e)  # block is [c, B, V]
-        _raise_nonfinite(m, act)
-        s1, sz, s2 = _row_sums(s, e)  # [c, B]
-        entropy, renyi2, top1, log_s1 = _stats_from_sums(s1, sz, s2)
-        logp = s.gather(-1, toks[:, t_pos].T.unsqueeze(-1)).squeeze(-1) - log_s1 if toks is not None else None
-        if not bool(act.all()):
-            e[~act] = 0.0  # inactive rows (padding, maybe garbage logits) join no mean
-        a = act.to(torch.float32)
-        count = a @ onehot  # [c, G] active rollouts per group and position
-        # A[g, j] = 1[j in g, active] / (count_g · Σe_j): the group mean of p = e/Σe
-        inv_s1 = torch.where(act, s1.reciprocal(), torch.zeros((), device=s1.device))
-        to_mean = onehot.T.unsqueeze(0) * inv_s1.unsqueeze(1) / count.clamp(min=1).unsqueeze(-1)  # [c, G, B]
-        to_mix = half_eye * inv_s1.unsqueeze(1) + 0.5 * to_mean[:, groups, :]  # [c, B, B]: ½p_i + ½P̄_g(i)
-        mixes = torch.bmm(torch.cat([to_mix, to_mean], 1), e, out=x_buf[: c * width].view(c, width, vocab))
-        neg_h = _sum_xlogx(mixes, y_buf[: c * width].view(c, width, vocab))  # [c, B + G]
-        h_mix, h_mean = -neg_h[:, :batch], -neg_h[:, batch:]
-        js = (h_mix - 0.5 * entropy - 0.5 * h_mean[:, groups]).clamp_(0.0, math.log(2.0))
-        js = js.masked_fill(count[:, groups] < 2, 0.0)  # a lone active rollout is its own mean
-        bk, ti = act.T.nonzero(as_tuple=True)  # (row, index into t_pos) of active cells
-        tk = t_pos[ti]
-        for name, value in (("entropy", entropy), ("renyi2", renyi2), ("top1", top1), ("js", js), ("logp", logp)):
-            if value is not None:
-                out[name][bk, tk] = value[ti, bk]
+        sums.fill(blk, s, e, m, toks_pos[blk] if toks is not None else None)
+        inv_s1 = sums.s1[blk].reciprocal()
+        if any(has_inactive[blk]):
+            gone = ~act[blk]
+            e[gone] = 0.0  # inactive rows (padding, maybe garbage logits) join no mean
+            inv_s1 = inv_s1.masked_fill(gone, 0.0)
+        mixing = (d_mat + c_mat * mean_weight[blk].unsqueeze(1)) * inv_s1.unsqueeze(1)  # [c, B+G, B]
+        mixes = torch.bmm(mixing, e, out=x_buf[: c * width].view(c, width, vocab))
+        neg_h[blk] = _sum_xlogx(mixes, y_buf[: c * width].view(c, width, vocab))
+
+    stats = sums.finish(act)
+    h_mix, h_mean = -neg_h[:, :batch], -neg_h[:, batch:]
+    js = (h_mix - 0.5 * stats["entropy"] - 0.5 * h_mean[:, groups]).clamp_(0.0, math.log(2.0))
+    stats["js"] = js.masked_fill(count[:, groups] < 2, 0.0)  # a lone active rollout is its own mean
+    for name, value in stats.items():
+        if value is not None:
+            out[name][:, positions] = value.masked_fill(~act, 0.0).T
 
 
 def _sum_xlogx(x: Tensor, buf: Tensor) -> Tensor:

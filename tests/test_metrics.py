@@ -225,6 +225,7 @@ def test_hidden_state_path_equals_logits_path():
 def test_chunk_size_does_not_change_results():
     z = random_logits((4, 9, 33), seed=12)
     mask = torch.rand(4, 9, generator=torch.Generator().manual_seed(13)) < 0.8
+    mask[:, 4] = False  # a hole every row shares: the positions to visit are no longer a run
     kwargs = dict(mask=mask, tokens=torch.ones(4, 9, dtype=torch.long), group_ids=[0, 1, 0, 1])
     results = [token_stats(z, chunk_size=c, **kwargs) for c in (1, 7, 10_000)]
     results += [token_stats(z, chunk_size=c, mask=mask) for c in (1, 7, 10_000)]
@@ -233,6 +234,8 @@ def test_chunk_size_does_not_change_results():
             torch.testing.assert_close(getattr(results[0], name), getattr(other, name), atol=1e-6, rtol=0)
     for other in results[3:]:  # the path without JS agrees with the path with JS
         torch.testing.assert_close(results[0].entropy, other.entropy, atol=1e-6, rtol=0)
+    ref = ref_stats(z.numpy())
+    np.testing.assert_allclose(results[1].js.numpy(), ref_js(ref["p"], mask.numpy(), [0, 1, 0, 1]), atol=TOL)
 
 
 def test_noncontiguous_logits_and_grad_inputs():
