@@ -95,13 +95,14 @@ def step_records(rng: np.random.Generator, step: int, steps: int, *, strategy: s
                    samples=samples_table(samples), tokens=tokens_table(cols, step=step))
 
 
-def seed_run(store, name: str, steps: int, *, strategy: str = "fork", collapse: bool = True,
-             seed: int = 0, start: int = 0, **kw) -> str:
-    """Create a run (vocab 311, like the tiny model) and write `steps` synthetic steps."""
+def seed_run(store, name: str, steps: int, *, steps_total: int | None = None,
+             strategy: str = "fork", collapse: bool = True, seed: int = 0, **kw) -> str:
+    """Create a run (vocab 311, like the tiny model) and write its first `steps` steps of a
+    run shaped to last `steps_total` (default: steps), i.e. a run still in progress."""
     rng = np.random.default_rng(seed)
     run_id = store.create_run(name, strategy=strategy, model="tiny-qwen2",
                               config={"vocab_size": 311, "synthetic": True})
-    write_steps(store, run_id, range(start, start + steps), steps, rng, strategy=strategy,
+    write_steps(store, run_id, range(steps), steps_total or steps, rng, strategy=strategy,
                 collapse=collapse, **kw)
     return run_id
 

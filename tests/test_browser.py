@@ -1,0 +1,227 @@
+"""The dashboard in a real headless Chromium against a real `forksight serve` on a DuckDB file
+seeded through the store's write API: pages load cleanly, charts hold the stored points, a
+step ingested over HTTP shows within 2 s, token spans and fork marks match the data, and
+model text with script/img payloads is shown as text, never run.
+
+Screenshots go to $FORKSIGHT_SCREENSHOTS (docs/screenshots for the README) or the test's
+tmp dir.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("playwright")
+from collector_util import ServeProcess  # noqa: E402
+from conftest import require_browser  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+RUN, OTHER = "grpo-collapse", "fork-20pct"
+STEPS, OF_TOTAL = 110, 300            # mid-collapse: the forecast lies ahead of the curve
+XSS_STEP = STEPS                      # one extra step whose model text is hostile
+PAYLOADS = ('<script>window.__xss=1</script>', '<img src=x onerror="window.__xss=1">')
+
+
+def _xss_records():
+    from monitor.store import Records, samples_table, tokens_table
+
+    samples = [{"step": XSS_STEP, "sample_id": i, "group_id": 0, "prompt": f"say {PAYLOADS[1]}",
+                "completion": f"{PAYLOADS[i % 2]} done", "reward": float(i % 2),
+                "correct": bool(i % 2), "length": 3, "source": "test"} for i in range(4)]
+    toks = [PAYLOADS[0], " and ", PAYLOADS[1], "7"]
+    tokens = {"sample_id": [0] * 4, "pos": list(range(4)), "token": toks,
+              "token_id": [1, 2, 3, 4], "entropy": [1.2, 0.01, 0.9, 0.3],
+              "renyi2": [0.9, 0.01, 0.6, 0.2], "js": [0.1, 0.0, 0.05, 0.02],
+              "logp": [-1.5, -0.01, -1.0, -0.2], "top1": [0.4, 0.99, 0.5, 0.8],
+              "fork": [True, False, True, False], "selected": [True, False, False, False]}
+    return Records(samples=samples_table(samples), tokens=tokens_table(tokens, step=XSS_STEP))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A seeded DuckDB file behind `forksight serve` with the dashboard."""
+    from dashboard.synthetic import seed_run
+    from monitor.store import Store
+
+    chromium = require_browser()
+    db = tmp_path_factory.mktemp("dash") / "runs.duckdb"
+    with Store(str(db)) as store:
+        seed_run(store, RUN, STEPS, strategy="all", collapse=True, seed=1, steps_total=OF_TOTAL)
+        other = seed_run(store, OTHER, 40, strategy="fork", collapse=False, seed=2)
+        store.update_run(other, status="finished")
+        store.write(RUN, _xss_records(), batch_id="xss").result()
+    with ServeProcess(db, dashboard=True) as srv:
+        yield srv, chromium
+
+
+@pytest.fixture(scope="module")
+def browser(served):
+    from playwright.sync_api import sync_playwright
+
+    _, chromium = served
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture()
+def page(browser):
+    """A fresh page that records console errors and uncaught exceptions."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    pg.errors = []
+    pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    yield pg
+    context.close()
+
+
+def shots_dir(tmp_path: Path) -> Path:
+    out = Path(os.environ.get("FORKSIGHT_SCREENSHOTS") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def graph_trace(page, graph_id: str, key: str, role: str = "raw") -> dict:
+    """The plotted trace of one scalar, read from the live Plotly graph in the page."""
+    return page.evaluate("""([id, key, role]) => {
+        const gd = document.querySelector('#' + id + ' .js-plotly-plot');
+        const t = gd.data.find(t => t.meta && t.meta.key === key && t.meta.role === role);
+        return t ? {x: Array.from(t.x), y: Array.from(t.y)} : null; }""", [graph_id, key, role])
+
+
+def wait_graph(page, graph_id: str, timeout: float = 20_000) -> None:
+    page.wait_for_function("""id => { const gd = document.querySelector('#' + id +
+        ' .js-plotly-plot'); return gd && gd.data && gd.data.length > 0; }""", arg=graph_id,
+                           timeout=timeout)
+
+
+def wait_step(page, step: int) -> None:
+    """Until the tokens page shows the given step."""
+    page.wait_for_function("""s => { const el = document.querySelector('#tok-step-label');
+        return el !== null && el.innerText === 'step ' + s; }""", arg=step, timeout=20_000)
+
+
+def api_scalars(srv, key: str) -> list[dict]:
+    import httpx
+
+    return httpx.get(f"{srv.url}/api/runs/{RUN}/scalars",
+                     params={"keys": key, "downsample": 100_000}).json()
+
+
+# ---------------------------------------------------------------- pages
+def test_every_page_loads_without_console_errors(served, page):
+    srv, _ = served
+    for path, ready in (("/", "#runs-table td"), (f"/run?run={RUN}", "#run-entropy .main-svg"),
+                        (f"/tokens?run={RUN}", "#tok-main .tok"),
+                        (f"/compare?runs={RUN},{OTHER}", "#cmp-figure .main-svg")):
+        page.goto(srv.url + path)
+        page.wait_for_selector(ready, timeout=20_000)
+        page.wait_for_load_state("networkidle")
+        assert page.errors == [], f"{path}: {page.errors}"
+    page.goto(srv.url + "/")
+    page.wait_for_selector("#runs-table td")
+    table = page.inner_text("#runs-table")
+    assert RUN in table and OTHER in table and "finished" in table
+
+
+def test_run_page_charts_hold_the_stored_points(served, page, tmp_path):
+    srv, _ = served
+    page.goto(f"{srv.url}/run?run={RUN}")
+    wait_graph(page, "run-entropy")
+    stored = api_scalars(srv, "entropy/mean")
+    plotted = graph_trace(page, "run-entropy", "entropy/mean")
+    assert plotted["x"] == [r["step"] for r in stored]
+    assert np.allclose(plotted["y"], [r["value"] for r in stored])
+    wait_graph(page, "run-passk")
+    p1 = graph_trace(page, "run-passk", "pass@1")
+    assert np.allclose(p1["y"], [r["value"] for r in api_scalars(srv, "pass@1")])
+    markers = graph_trace(page, "run-entropy", "alerts", "alerts")
+    import httpx
+
+    alerts = httpx.get(f"{srv.url}/api/alerts", params={"run_id": RUN}).json()
+    assert alerts and sorted(markers["x"]) == sorted(a["step"] for a in alerts)
+    page.wait_for_selector("#run-banner .alert")
+    page.wait_for_load_state("networkidle")
+    time.sleep(0.5)                         # let plotly finish its last paint
+    page.screenshot(path=str(shots_dir(tmp_path) / "run.png"), full_page=True)
+
+
+def test_step_ingested_while_open_appears_within_2s(served, page):
+    import httpx
+
+    srv, _ = served
+    page.goto(f"{srv.url}/run?run={RUN}")
+    wait_graph(page, "run-entropy")
+    page.evaluate("window.__same_page = 1")
+    before = graph_trace(page, "run-entropy", "entropy/mean")
+    step, value = max(before["x"]) + 1, 0.123456
+    batch = {"batch_id": "live-1", "scalars": [
+        {"step": step, "key": "entropy/mean", "value": value},
+        {"step": step, "key": "pass@1", "value": 0.5}]}
+    response = httpx.post(f"{srv.url}/api/runs/{RUN}/ingest", json=batch)
+    assert response.status_code == 200, response.text
+    sent = time.monotonic()
+    page.wait_for_function("""([step]) => {
+        const gd = document.querySelector('#run-entropy .js-plotly-plot');
+        const t = gd.data.find(t => t.meta && t.meta.key === 'entropy/mean'
+                                    && t.meta.role === 'raw');
+        return Array.from(t.x).includes(step); }""", arg=[step], timeout=5_000, polling=50)
+    latency = time.monotonic() - sent
+    assert latency <= 2.0, f"new step took {latency:.2f} s to appear"
+    after = graph_trace(page, "run-entropy", "entropy/mean")
+    assert after["x"][-1] == step and after["y"][-1] == pytest.approx(value)
+    assert after["x"][:-1] == before["x"]               # appended, not replaced
+    assert page.evaluate("window.__same_page") == 1     # no reload
+
+
+def test_tokens_view_shows_one_span_per_token_with_fork_marks(served, page, tmp_path):
+    import httpx
+
+    srv, _ = served
+    steps = httpx.get(f"{srv.url}/api/runs/{RUN}/token_steps").json()
+    step = steps[len(steps) // 3]
+    rows = httpx.get(f"{srv.url}/api/runs/{RUN}/tokens",
+                     params={"step": step, "sample_id": 0}).json()
+    page.goto(f"{srv.url}/tokens?run={RUN}&step={step}&sample=0")
+    wait_step(page, step)
+    page.wait_for_selector("#tok-main .tok")
+    spans = page.query_selector_all("#tok-main .tok")
+    assert len(spans) == len(rows)
+    assert [s.inner_text() for s in spans] == [r["token"] for r in rows]
+    assert len(page.query_selector_all("#tok-main .tok.fork")) == sum(r["fork"] for r in rows)
+    assert len(page.query_selector_all("#tok-main .tok.sel")) == sum(r["selected"] for r in rows)
+    title = spans[0].get_attribute("title")
+    assert f"{rows[0]['entropy']:.4f}" in title and f"{rows[0]['logp']:.4f}" in title
+    page.wait_for_selector("#tok-history .main-svg")
+    page.wait_for_load_state("networkidle")
+    time.sleep(0.5)
+    page.screenshot(path=str(shots_dir(tmp_path) / "tokens.png"), full_page=True)
+    assert page.errors == []
+
+
+def test_xss_payload_in_model_text_is_shown_not_run(served, page):
+    srv, _ = served
+    page.goto(f"{srv.url}/tokens?run={RUN}&step={XSS_STEP}&sample=0")
+    wait_step(page, XSS_STEP)
+    page.wait_for_selector("#tok-group .rollout")
+    page.wait_for_load_state("networkidle")
+    time.sleep(0.3)
+    assert page.evaluate("typeof window.__xss") == "undefined"
+    assert page.evaluate("document.querySelectorAll('img[src=\"x\"]').length") == 0
+    assert page.evaluate("document.querySelectorAll('#tok-main script, #tok-group script,"
+                         " .prompt script').length") == 0
+    main = [s.inner_text() for s in page.query_selector_all("#tok-main .tok")]
+    assert main == [PAYLOADS[0], " and ", PAYLOADS[1], "7"]
+    assert len(page.query_selector_all("#tok-main .tok.fork")) == 2
+    text = page.inner_text("body")
+    assert PAYLOADS[0] in text and PAYLOADS[1] in text     # the prompt and other rollouts too
