@@ -1,0 +1,308 @@
+"""TRL's GRPOTrainer in one line: `hooks.trl.attach(trainer, db=... or url=..., run=...)`.
+
+Adds `ForksightCallback`, which streams every scalar TRL logs (under TRL's names), per-token
+entropy / Rényi-2 / log p for the completion tokens of every training forward, ICT JS and
+top-1 on a sample of groups, the selection mask of `top_entropy_quantile`, the samples of each
+generation batch with rewards and group ids (index // num_generations), pass@1…pass@G and
+eval/pass@k. Version support (what degrades where) is in `SUPPORT` and the README.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import warnings
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from hooks.attach import AttachHandle, _as_text
+from monitor import metrics
+
+log = logging.getLogger("forksight.trl")
+
+# TRL minor version -> how per-token numbers are obtained. Anything else: scalars only.
+SUPPORT = {
+    "1.14": "logits",  # lm_head hook sees [B, K+1, V] logits (full-logits path)
+    "1.15": "fused",   # fused LM head: no logits; entropy/log p from TRL, hidden states for JS
+    "1.16": "fused",
+}
+_FUSED_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs")
+
+
+def trl_mode(version: str) -> str | None:
+    """'logits', 'fused' or None (unknown version: scalar-only monitoring)."""
+    parts = version.split(".")
+    return SUPPORT.get(".".join(parts[:2])) if len(parts) >= 2 else None
+
+
+class _RowHasher:
+    """Finds which generation-batch sample each training row is: TRL shuffles the batch before
+    splitting it into micro-batches, so rows are matched by a hash of their token ids."""
+
+    def __init__(self):
+        gen = torch.Generator().manual_seed(20260)  # own generator: never touch the global RNG
+        self.weights = torch.randint(1, 2**61, (4096,), generator=gen, dtype=torch.int64)
+        self.table: dict[int, list[int]] = {}
+        self.size = 0
+
+    def _hash(self, ids: torch.Tensor) -> list[int]:
+        if ids.shape[1] > self.weights.numel():
+            extra = torch.randint(1, 2**61, (ids.shape[1],), generator=torch.Generator().manual_seed(ids.shape[1]))
+            self.weights = torch.cat([self.weights, extra])
+        w = self.weights[: ids.shape[1]].to(ids.device)
+        return (ids.long() * w).sum(-1).tolist()  # int64 wrap-around is fine for a hash
+
+    def index(self, prompt_ids: torch.Tensor, completion_ids: torch.Tensor, offset: int, size: int) -> None:
+        self.table, self.size = {}, size
+        for i, h in enumerate(self._hash(torch.cat([prompt_ids, completion_ids], dim=1))):
+            self.table.setdefault(h, []).append(offset + i)
+
+    def lookup(self, input_ids: torch.Tensor) -> list[int] | None:
+        if not self.table:
+            return None
+        used: dict[int, int] = {}
+        out = []
+        for h in self._hash(input_ids):
+            candidates = self.table.get(h)
+            if not candidates:
+                return None  # not a row of the current generation batch
+            k = used.get(h, 0)
+            out.append(candidates[min(k, len(candidates) - 1)])
+            used[h] = k + 1
+        return out
+
+
+class ForksightCallback(TrainerCallback):
+    """Streams a GRPOTrainer run to forksight; add it with `hooks.trl.attach(trainer, ...)`."""
+
+    def __init__(self, *, sink=None, db: str | None = None, url: str | None = None, run: str | None = None,
+                 project: str = "default", stop_on_alert: bool = False, js_groups: int | str | None = None,
+                 js_budget: float = 0.02, sample: int = 1, every: int = 1, chunk_size: int = 1024,
+                 correct_threshold: float = 1.0, correct_reward: str | None = None):
+        self._sink_arg, self.db, self.url, self.run = sink, db, url, run
+        self.project, self.stop_on_alert = project, stop_on_alert
+        self.js_groups, self.js_budget, self.sample, self.every = js_groups, js_budget, sample, every
+        self.chunk_size = chunk_size
+        self.correct_threshold, self.correct_reward = correct_threshold, correct_reward
+        self.trainer = None
+        self.sink = None
+        self.handle: AttachHandle | None = None
+        self.mode: str | None = None
+        self._hasher = _RowHasher()
+        self._samples: list[dict] | None = None
+        self._advantages: list[float] | None = None
+        self._eval_groups: list[list[bool]] = []
+        self._forward_before: Any = None
+        self._forward_fused: Any = None
+        self._patched_model = None
+        self._stopped = False
+
+    # ------------------------------------------------------------------ setup
+    def bind(self, trainer) -> "ForksightCallback":
+        """Open the sink and install the hooks on `trainer` (called by `attach`)."""
+        import trl
+
+        self.trainer = trainer
+        accel = trainer.accelerator
+        self.mode = trl_mode(trl.__version__)
+        self.sink = self._sink_arg if self._sink_arg is not None else self._open_sink(trainer, trl.__version__)
+        if self.stop_on_alert:
+            self.sink.stop_on_alert = True
+        if self.mode is None:
+            message = (f"forksight: TRL {trl.__version__} is not a version forksight knows "
+                       f"({', '.join(SUPPORT)}); monitoring TRL's logged scalars only (no per-token statistics)")
+            warnings.warn(message, stacklevel=3)
+            log.warning(message)
+            return self
+        try:
+            self._install(trainer, accel)
+        except Exception as exc:  # noqa: BLE001 - never break the user's run
+            self.mode = None
+            log.warning("forksight: per-token hooks could not be installed on this TRL trainer (%r); "
+                        "monitoring TRL's logged scalars only", exc)
+        return self
+
+    def _open_sink(self, trainer, version: str):
+        from monitor.client import open_sink
+
+        args = trainer.args
+        run = self.run or getattr(args, "run_name", None) or "trl-grpo"
+        model = trainer.model
+        config = {"trl": version, "num_generations": trainer.num_generations,
+                  "temperature": trainer.temperature, "top_entropy_quantile": trainer.top_entropy_quantile,
+                  "loss_type": getattr(trainer, "loss_type", None), "beta": trainer.beta,
+                  "learning_rate": args.learning_rate, "max_completion_length": args.max_completion_length,
+                  "per_device_train_batch_size": args.per_device_train_batch_size,
+                  "world_size": trainer.accelerator.num_processes}
+        return open_sink(run=run, url=self.url, db=self.db, project=self.project, strategy="trl-grpo",
+                         model=getattr(model.config, "_name_or_path", None) or type(model).__name__,
+                         config=config, rank=trainer.accelerator.process_index,
+                         stop_on_alert=self.stop_on_alert)
+
+    def _install(self, trainer, accel) -> None:
+        model = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
+        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+        self.handle = AttachHandle(model, self.sink, tokenizer=tokenizer, owns_sink=False,
+                                   group_size=trainer.num_generations, sample=self.sample, every=self.every,
+                                   js_groups=self.js_groups, js_budget=self.js_budget,
+                                   temperature=trainer.temperature, chunk_size=self.chunk_size, auto_step=False)
+        self.handle.row_index_fn = self._hasher.lookup
+        quantile = trainer.top_entropy_quantile
+        if quantile < 1.0:
+            def select(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+                # the same call TRL makes; with several ranks TRL gathers entropies, so use the local quantile
+                if accel.num_processes == 1:
+                    return trainer.get_high_entropy_mask(entropy, mask, 1 - quantile)
+                return metrics.fork_mask(entropy, mask, rho=quantile)[0]
+            self.handle.selection_fn = select
+        if self.mode == "fused":
+            self._patch_fused_head(model, trainer)
+        original = trainer._generate_and_score_completions
+
+        def generate_and_watch(inputs):
+            out = original(inputs)
+            try:
+                self._on_generation(out)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("forksight: could not read this generation batch (%r); samples skipped", exc)
+            return out
+
+        trainer._generate_and_score_completions = generate_and_watch  # an instance attribute: detach deletes it
+
+    def _patch_fused_head(self, model, trainer) -> None:
+        """Ask TRL's fused head for log Σp² too (H2 for every token at almost no cost): the same
+        `add_fused_lm_head` call TRL made, plus one output; log p and entropy are unchanged."""
+        try:
+            from trl.trainer.utils import add_fused_lm_head
+        except ImportError:
+            return
+        forward = model.__dict__.get("forward")
+        code = getattr(getattr(forward, "__func__", None), "__code__", None)
+        if code is None or code.co_name != "_fused_forward":  # functools.wraps hides __name__
+            log.info("forksight: TRL's fused head not found on the model; Rényi-2 only for sampled groups")
+            return
+        if "outputs" not in inspect.signature(add_fused_lm_head).parameters:
+            return
+        self._forward_before, self._patched_model = forward, model
+        add_fused_lm_head(model, temperature=trainer.temperature,
+                          cast_lm_head_to_fp32=getattr(trainer.args, "cast_lm_head_to_fp32", False),
+                          outputs=_FUSED_OUTPUTS)
+        self._forward_fused = model.__dict__["forward"]
+
+    # ------------------------------------------------------------------ generation batches
+    def _rewards(self, logs: dict, n: int) -> tuple[list[float], list[bool]]:
+        names = list(self.trainer.reward_func_names)
+        weights = [float(w) for w in self.trainer.reward_weights.tolist()]
+        columns = {name: list(logs["rewards"][name])[-n:] for name in names}
+        totals, correct = [], []
+        for i in range(n):
+            total = sum(w * columns[name][i] for name, w in zip(names, weights) if not math.isnan(columns[name][i]))
+            totals.append(float(total))
+            verdict_value = columns[self.correct_reward][i] if self.correct_reward else total
+            correct.append(bool(verdict_value >= self.correct_threshold))
+        return totals, correct
+
+    def _on_generation(self, out: dict) -> None:
+        trainer, accel = self.trainer, self.trainer.accelerator
+        local = out["completion_ids"].shape[0]
+        size = local * accel.num_processes
+        logs = trainer._logs
+        n = min(size, len(logs["completion"]))
+        if self.correct_reward and self.correct_reward not in trainer.reward_func_names:
+            raise ValueError(f"correct_reward={self.correct_reward!r} is not a reward function of this trainer "
+                             f"({trainer.reward_func_names})")
+        rewards, correct = self._rewards(logs, n)
+        if not trainer.model.training:  # evaluation: only verdicts, for eval/pass@k
+            G = trainer.num_generations_eval if getattr(trainer, "num_generations_eval", None) else trainer.num_generations
+            self._eval_groups += [correct[i:i + G] for i in range(0, n, G)]
+            return
+        self._hasher.index(out["prompt_ids"], out["completion_ids"], accel.process_index * local, size)
+        self.handle.num_rows = size
+        self._advantages = [float(a) for a in list(logs["advantages"])[-n:]]
+        if accel.is_main_process:  # _logs is gathered over ranks: one rank logs the samples
+            prompts, completions = list(logs["prompt"])[-n:], list(logs["completion"])[-n:]
+            self._samples = [{"prompt": _as_text(p), "completion": _as_text(c), "reward": r, "correct": k}
+                             for p, c, r, k in zip(prompts, completions, rewards, correct)]
+
+    # ------------------------------------------------------------------ trainer events
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.sink is None or not logs or not state.is_world_process_zero:
+            return
+        values = {k: float(v) for k, v in logs.items()
+                  if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if values:
+            self.sink.log_scalars(state.global_step, values)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        if self.handle is not None:
+            if self._samples is not None:
+                s, self._samples = self._samples, None
+                G = self.trainer.num_generations
+                self.handle.log_samples(step, [r["prompt"] for r in s], [r["completion"] for r in s],
+                                        [r["reward"] for r in s], [r["correct"] for r in s],
+                                        [i // G for i in range(len(s))], source="trl")
+            self.handle.flush(step, advantages=self._advantages)
+        if self.sink is not None and self.sink.should_stop and not self._stopped:
+            self._stopped = True
+            control.should_training_stop = True
+            last = self.sink.alerts[-1] if self.sink.alerts else {}
+            log.warning("forksight: stopping training at step %d on a critical alert: %s", step,
+                        last.get("message", last))
+        return control
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        if self.sink is None or not self._eval_groups:
+            return
+        groups, self._eval_groups = self._eval_groups, []
+        if state.is_world_process_zero:
+            from monitor.metrics import pass_at_k_groups
+
+            self.sink.log_scalars(state.global_step,
+                                  {f"eval/pass@{k}": v for k, v in pass_at_k_groups(groups).items()})
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.sink is not None and hasattr(self.sink, "flush"):
+            self.sink.flush()
+
+    # ------------------------------------------------------------------ control
+    @property
+    def enabled(self) -> bool:
+        """Per-token monitoring on/off (scalars keep flowing); the benchmark toggles it."""
+        return self.handle is not None and self.handle.enabled
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        if self.handle is None:
+            return
+        self.handle.enabled = on
+        if self._patched_model is not None:
+            self._patched_model.__dict__["forward"] = self._forward_fused if on else self._forward_before
+
+    def detach(self, finish: bool | None = None) -> None:
+        """Remove hooks and patches, leave the trainer as it was; finish the sink if we opened it."""
+        if self.trainer is not None:
+            self.trainer.__dict__.pop("_generate_and_score_completions", None)
+            if self in self.trainer.callback_handler.callbacks:
+                self.trainer.remove_callback(self)
+        if self._patched_model is not None:
+            self._patched_model.__dict__["forward"] = self._forward_before
+            self._patched_model = None
+        if self.handle is not None:
+            self.handle.detach(finish=False)
+        if self.sink is not None and (self._sink_arg is None if finish is None else finish):
+            self.sink.finish()
+
+
+def attach(trainer, db: str | None = None, url: str | None = None, run: str | None = None, *,
+           sink=None, stop_on_alert: bool = False, js_groups: int | str | None = None, **kwargs) -> ForksightCallback:
+    """One line for an existing GRPOTrainer script: `hooks.trl.attach(trainer, db="runs.duckdb")`.
+
+    Returns the callback (already added). stop_on_alert=True ends training on a critical alert.
+    """
+    callback = ForksightCallback(sink=sink, db=db, url=url, run=run, stop_on_alert=stop_on_alert,
+                                 js_groups=js_groups, **kwargs).bind(trainer)
+    trainer.add_callback(callback)
+    return callback
