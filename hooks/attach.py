@@ -453,7 +453,8 @@ def attach(model: torch.nn.Module, run: str = "run", *, url: str | None = None, 
     if sink is None:
         sink = open_sink(run=run, url=url, db=db, project=project, stop_on_alert=stop_on_alert,
                          model=getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__,
-                         config=config)
+                         config={"vocab_size": getattr(getattr(model, "config", None), "vocab_size", None),
+                                 **(config or {})})
     return AttachHandle(model, sink, tokenizer=tokenizer, owns_sink=owns, group_size=group_size, sample=sample,
                         every=every, js_groups=js_groups, js_budget=js_budget, temperature=temperature,
                         chunk_size=chunk_size, optimizer=optimizer)

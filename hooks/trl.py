@@ -135,7 +135,8 @@ class ForksightCallback(TrainerCallback):
                   "loss_type": getattr(trainer, "loss_type", None), "beta": trainer.beta,
                   "learning_rate": args.learning_rate, "max_completion_length": args.max_completion_length,
                   "per_device_train_batch_size": args.per_device_train_batch_size,
-                  "world_size": trainer.accelerator.num_processes}
+                  "world_size": trainer.accelerator.num_processes,
+                  "vocab_size": getattr(model.config, "vocab_size", None)}  # the explosion detector's log|V|
         return open_sink(run=run, url=self.url, db=self.db, project=self.project, strategy="trl-grpo",
                          model=getattr(model.config, "_name_or_path", None) or type(model).__name__,
                          config=config, rank=trainer.accelerator.process_index,
