@@ -15,7 +15,7 @@ SUBCOMMAND_MODULES = (
     "monitor.serve_cli",    # serve, export
     "trainer.cli",          # train
     "monitor.alerts_cli",   # alerts replay
-    "monitor.demo",         # demo
+    "trainer.demo",         # demo
 )
 
 
