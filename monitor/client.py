@@ -222,7 +222,7 @@ class LocalSink(_Sink):
         self._finished = True
         _open_sinks.discard(self)
         self.flush()
-        self.store.update_run(self.run_id, status=status)
+        self._on_alerts(self.store.update_run(self.run_id, status=status) or [])
         if self._owns_store:
             self.store.close()
 
@@ -493,6 +493,7 @@ class HttpSink(_Sink):
                 self._last_contact = time.monotonic()
                 if item.kind in ("json", "arrow"):
                     self.sent_rows += item.rows
+                if item.kind in ("json", "arrow", "status"):
                     self._on_alerts(resp.json().get("alerts", []))
                 return True
             if resp is not None and resp.status_code == 404 and item.kind != "run" and self._recreate_run():

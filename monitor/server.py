@@ -265,10 +265,11 @@ def create_app(store: Store, *, token: str | None = None, dashboard: bool = True
 
     @app.patch("/api/runs/{run_id}")
     def update_run(run_id: str, body: RunUpdate) -> dict:
-        if not store.update_run(run_id, status=body.status, strategy=body.strategy, model=body.model,
-                                config=body.config):
+        alerts = store.update_run(run_id, status=body.status, strategy=body.strategy, model=body.model,
+                                  config=body.config)
+        if alerts is None:
             raise ApiError(404, f"unknown run {run_id!r}: create it first with POST /api/runs")
-        return {"run_id": run_id, "status": body.status}
+        return {"run_id": run_id, "status": body.status, "alerts": alerts}
 
     @app.post("/api/runs/{run_id}/heartbeat")
     def heartbeat(run_id: str) -> dict:

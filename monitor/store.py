@@ -465,6 +465,8 @@ class Store:
         self.hub = hub if hub is not None else (_load_alert_hub() if alerts else None)
         self._queue: queue.Queue = queue.Queue()
         self._last_alert_step: dict[str, int] = {}
+        self._pending: dict[str, dict[int, _PendingStep]] = {}
+        self._beat: dict[str, float] = {}
         self._vocab: dict[str, int | None] = {}
         self._closed = False
         self._wcur = self._conn.cursor()
@@ -527,18 +529,23 @@ class Store:
         return self.call(create)
 
     def update_run(self, run_id: str, *, status: str | None = None, strategy: str | None = None,
-                   model: str | None = None, config: dict | None = None) -> bool:
-        """Change a run's status/metadata and refresh its heartbeat; False if no such run."""
+                   model: str | None = None, config: dict | None = None) -> list[dict] | None:
+        """Change a run's status/metadata and refresh its heartbeat; None if no such run.
+
+        Returns the alerts raised by ending the run (its last step is evaluated then).
+        """
         config_text = json.dumps(config, allow_nan=False) if config is not None else None
 
-        def update(cur) -> bool:
+        def update(cur) -> list[dict] | None:
             if not _one(cur, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]):
-                return False
+                return None
             cur.execute("UPDATE runs SET status = coalesce(?, status), strategy = coalesce(?, strategy), "
                         "model = coalesce(?, model), config = coalesce(?, config), heartbeat = ? WHERE run_id = ?",
                         [status, strategy, model, config_text, time.time(), run_id])
             self._vocab.pop(run_id, None)
-            return True
+            if status is not None and status != "live":        # the run ended: its last step is complete
+                return self._run_alerts([], final=run_id).get(id(None), [])
+            return []
 
         return self.call(update)
 
@@ -621,7 +628,9 @@ class Store:
                     parts = [t for j in mine if (t := getattr(j.records, name)) is not None and t.num_rows]
                     if parts:
                         self._insert(cur, name, run_id, pa.concat_tables(parts))
-                cur.execute("UPDATE runs SET heartbeat = ? WHERE run_id = ?", [time.time(), run_id])
+                if time.time() - self._beat.get(run_id, 0.0) > 1.0:    # ingest is a heartbeat
+                    self._beat[run_id] = time.time()
+                    cur.execute("UPDATE runs SET heartbeat = ? WHERE run_id = ?", [time.time(), run_id])
             ids = [(j.run_id, j.batch_id) for j in fresh if j.batch_id is not None]
             if ids:
                 now = time.time()
@@ -666,33 +675,54 @@ class Store:
             self._vocab[run_id] = int(vocab) if isinstance(vocab, (int, float)) else None
         return self._vocab[run_id]
 
-    def _run_alerts(self, jobs: list[_WriteJob]) -> dict[int, list[dict]]:
-        """Feed each new step (rank-merged) to the hub; store and route the alerts it returns."""
+    def _run_alerts(self, jobs: list[_WriteJob], final: str | None = None) -> dict[int, list[dict]]:
+        """Feed complete steps (rank-merged) to the hub; store and route the alerts it returns.
+
+        A step is complete once a later step arrives (or the run ends, `final`): by then all of
+        its scalars, from several calls or ranks, are in. Merging happens here in memory, so
+        alerts cost no query per step.
+        """
         out: dict[int, list[dict]] = {}
         if self.hub is None:
             return out
         rows_all: list[dict] = []
+        runs: dict[str, _WriteJob | None] = {final: None} if final else {}
         for job in jobs:
-            table = job.records.scalars
-            if table is None or not table.num_rows:
-                continue
+            pending = self._pending.setdefault(job.run_id, {})
             last = self._last_alert_step.get(job.run_id, -1)
-            steps = sorted(s for s in set(table["step"].to_pylist()) if s > last)
-            for step in steps:
+            if job.records.scalars is not None and job.records.scalars.num_rows:
+                t = job.records.scalars
+                for step, key, value, rank, weight in zip(*(t[c].to_pylist() for c in
+                                                            ("step", "key", "value", "rank", "weight"))):
+                    if step > last:
+                        pending.setdefault(step, _PendingStep()).add(key, value, rank, weight)
+                runs[job.run_id] = job
+            h = job.records.histograms
+            if h is not None and h.num_rows:
+                for step, key, lo, hi, count in zip(*(h[c].to_pylist() for c in
+                                                      ("step", "key", "bin_lo", "bin_hi", "count"))):
+                    if key == "entropy" and step > last:
+                        pending.setdefault(step, _PendingStep()).add_bin(lo, hi, count)
+        for run_id, job in runs.items():
+            pending = self._pending.get(run_id, {})
+            newest = max(pending, default=None)
+            ready = sorted(s for s in pending if run_id == final or s < newest)
+            for step in ready:
+                merged = pending.pop(step).merged()
+                self._last_alert_step[run_id] = step
+                if not merged:
+                    continue
                 try:
-                    rows = self.hub.on_step(job.run_id, step, self.reader.step_scalars(job.run_id, step),
-                                            self._vocab_size(job.run_id)) or []
+                    rows = self.hub.on_step(run_id, step, merged, self._vocab_size(run_id)) or []
                 except Exception:  # noqa: BLE001 - a detector bug must not stop ingest
-                    log.exception("alert hub failed on run %s step %s", job.run_id, step)
+                    log.exception("alert hub failed on run %s step %s", run_id, step)
                     rows = []
                 for row in rows:
-                    row = {**row, "run_id": job.run_id}
+                    row = {**row, "run_id": run_id}
                     row.setdefault("step", step)
                     row.setdefault("wall_time", time.time())
                     out.setdefault(id(job), []).append(row)
                     rows_all.append(row)
-            if steps:
-                self._last_alert_step[job.run_id] = steps[-1]
         if rows_all:
             table = pa.Table.from_pylist([{k: r.get(k) for k in ALERTS_SCHEMA.names} for r in rows_all],
                                          schema=ALERTS_SCHEMA)
@@ -700,4 +730,40 @@ class Store:
                 self._insert(self._wcur, "alerts", None, table)
             except Exception:  # noqa: BLE001
                 log.exception("could not store %d alert(s)", len(rows_all))
+        return out
+
+
+class _PendingStep:
+    """One step's scalars and entropy histogram as they arrive, merged across ranks in memory."""
+
+    __slots__ = ("sums", "ranks", "bins")
+
+    def __init__(self):
+        self.sums: dict[str, list[float]] = {}     # key -> [sum w*v, sum w]
+        self.ranks: set[int] = set()
+        self.bins: dict[tuple[float, float], float] = {}
+
+    def add(self, key: str, value: float, rank: int, weight: float | None) -> None:
+        w = 1.0 if weight is None else weight
+        acc = self.sums.setdefault(key, [0.0, 0.0, 0.0, 0])
+        acc[0] += w * value
+        acc[1] += w
+        acc[2] += value
+        acc[3] += 1
+        self.ranks.add(rank)
+
+    def add_bin(self, lo: float, hi: float, count: float) -> None:
+        self.bins[(lo, hi)] = self.bins.get((lo, hi), 0.0) + count
+
+    def merged(self) -> dict[str, float]:
+        """Token-weighted means (same rule as Reader.read_scalars); percentiles from bins with >1 rank."""
+        out = {k: (a[0] / a[1] if a[1] > 0 else a[2] / a[3]) for k, a in self.sums.items()}
+        if len(self.ranks) > 1 and self.bins:
+            edges = sorted(self.bins)
+            lo, hi = np.array([e[0] for e in edges]), np.array([e[1] for e in edges])
+            counts = np.array([self.bins[e] for e in edges])
+            for key in out:
+                m = PERCENTILE_KEY.match(key)
+                if m:
+                    out[key] = histogram_quantile(lo, hi, counts, int(m.group(1)) / 100.0)
         return out

@@ -160,7 +160,8 @@ def test_run_names_unless_taken_join_and_stale_heartbeat_reads_crashed(tmp_path)
         assert store.create_run("exp", join=True) == "exp-2"          # newest live run of that name
         with pytest.raises(LookupError):
             store.create_run("nobody", join=True)
-        assert store.update_run("exp", status="finished")
+        assert store.update_run("exp", status="finished") == []
+        assert store.update_run("ghost", status="finished") is None
         time.sleep(0.7)
         status = dict(zip(*store.reader.list_runs()[["run_id", "status"]].T.values))
         assert status == {"exp": "finished", "exp-2": "crashed"}
@@ -184,7 +185,8 @@ def test_local_sink_gets_alerts_from_the_hub_and_stops_on_critical(tmp_path):
     assert len(stored) == len(sink.alerts) > 0
     assert stored.detector.tolist() == [a["detector"] for a in sink.alerts]
     critical = [a["step"] for a in sink.alerts if a["severity"] == "critical"]
-    assert critical and stopped_at == critical[0]
+    # a step is judged once the next one arrives (all its scalars are in by then)
+    assert critical and stopped_at == critical[0] + 1
     # every alert was raised on a step whose stored entropy is really below its first value
     first = _collapse(0)
     assert all(_collapse(a["step"]) < first for a in sink.alerts)
@@ -221,3 +223,43 @@ def test_reader_frames_have_contract_columns(tmp_path):
         assert list(store.reader.read_histograms(run).columns) == ["step", "bin_lo", "bin_hi", "count"]
         assert isinstance(store.reader.read_alerts(), pd.DataFrame)
         assert store.reader.token_steps(run) == [] and store.reader.scalar_keys(run) == []
+
+
+class _RecordingHub:
+    """Captures what the store hands the alert hub (the real AlertHub is exercised above)."""
+
+    def __init__(self):
+        self.seen: dict[tuple[str, int], dict] = {}
+
+    def on_step(self, run_id, step, scalars, vocab_size=None):
+        self.seen[(run_id, step)] = dict(scalars, vocab=vocab_size)
+        return []
+
+
+def test_the_hub_sees_each_complete_step_once_merged_like_the_reader(tmp_path):
+    hub = _RecordingHub()
+    rng = np.random.default_rng(2)
+    edges = np.linspace(0, 2, 21)
+    with Store(tmp_path / "a.duckdb", hub=hub) as store:
+        run = store.create_run("merge", config={"vocab_size": 311})
+        for step in range(4):
+            for rank in (0, 1):                          # each rank in two calls, like report + extra
+                v = rng.random(50) * 2
+                counts, _ = np.histogram(v, edges)
+                store.write(run, Records(scalars=scalars_table(
+                    [{"step": step, "key": "entropy/mean", "value": float(v.mean()), "weight": 50.0 + rank},
+                     {"step": step, "key": "entropy/p50", "value": 9.9}], rank))).result()
+                store.write(run, Records(scalars=scalars_table([{"step": step, "key": "loss", "value": step + rank}], rank),
+                                         histograms=histograms_table([{"step": step, "key": "entropy", "counts": counts,
+                                                                       "edges": edges}], rank))).result()
+        assert sorted(s for _, s in hub.seen) == [0, 1, 2]       # step 3 waits for the run to end
+        store.update_run(run, status="finished")
+        assert sorted(s for _, s in hub.seen) == [0, 1, 2, 3]
+        df = store.reader.read_scalars(run)
+        for (_, step), seen in hub.seen.items():
+            assert seen.pop("vocab") == 311
+            want = dict(zip(df[df.step == step].key, df[df.step == step].value))
+            assert seen.keys() == want.keys()
+            for key in want:
+                assert seen[key] == pytest.approx(want[key], rel=1e-12)
+            assert seen["entropy/p50"] != 9.9                        # from the merged histogram
