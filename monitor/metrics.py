@@ -147,11 +147,12 @@ class _Logits:
             raise ValueError("the vocabulary dimension V is empty")
         self.logits, self.hidden, self.weight, self.bias = logits, hidden, weight, bias
 
-    def block(self, t_pos: Tensor) -> Tensor:
-        """Logits of all B rows at positions t_pos as [c, B, V] (a strided view when t_pos is a run)."""
+    def block(self, t_pos: Tensor, t_host: Tensor) -> Tensor:
+        """Logits of all B rows at positions t_pos as [c, B, V]; a strided view when the positions
+        (t_host: the same, sorted, on the CPU) form a run."""
         if self.logits is not None:
-            if _is_run(torch.zeros_like(t_pos), t_pos, self.time):
-                return self.logits[:, int(t_pos[0]) : int(t_pos[-1]) + 1].transpose(0, 1)
+            if _is_run(t_host):
+                return self.logits[:, int(t_host[0]) : int(t_host[-1]) + 1].transpose(0, 1)
             return self.logits[:, t_pos].transpose(0, 1)
         return self._project(self.hidden[:, t_pos].transpose(0, 1))
 
@@ -163,17 +164,15 @@ class _Logits:
             z = z + self.bias.to(z.dtype)
         return z
 
-    def rows(self, b: Tensor, t: Tensor) -> Tensor:
-        """Logits of the rows (b[i], t[i]) as a [R, V] tensor (a view when it can be one)."""
+    def rows(self, flat: Tensor, flat_host: Tensor) -> Tensor:
+        """Logits of the rows at flat indices b·T + t as [R, V]; a view when flat_host (the same,
+        sorted, on the CPU) is a run, so the common unpadded case copies nothing."""
         if self.logits is not None:
-            n = b.numel()
-            if n and _is_run(b, t, self.time):
-                start = int(b[0]) * self.time + int(t[0])
-                flat = _flat_view(self.logits)
-                if flat is not None:
-                    return flat[start : start + n]
-            return self.logits[b, t]
-        return self._project(self.hidden[b, t])
+            view = _flat_view(self.logits)
+            if view is not None and _is_run(flat_host):
+                return view[int(flat_host[0]) : int(flat_host[-1]) + 1]
+            return self.logits[flat // self.time, flat % self.time]
+        return self._project(self.hidden[flat // self.time, flat % self.time])
 
 
 def _flat_view(x: Tensor) -> Tensor | None:
@@ -183,16 +182,16 @@ def _flat_view(x: Tensor) -> Tensor | None:
         return None
 
 
-def _is_run(b: Tensor, t: Tensor, time: int) -> bool:
-    flat = b * time + t
-    return bool((flat.diff() == 1).all())
+def _is_run(sorted_host: Tensor) -> bool:
+    """Whether sorted distinct indices (on the CPU: no device sync) are consecutive."""
+    return sorted_host.numel() > 0 and int(sorted_host[-1]) - int(sorted_host[0]) + 1 == sorted_host.numel()
 
 
 # ---------------------------------------------------------------------------- the one pass
 
 
-def _shift_exp(z: Tensor, inv_temp: float, s_out: Tensor, e_out: Tensor) -> tuple[Tensor, Tensor]:
-    """s = (z - max z)/temp in float32 (one read of z) and e = exp(s); returns (s, e) and the max."""
+def _shift_exp(z: Tensor, inv_temp: float, s_out: Tensor, e_out: Tensor) -> Tensor:
+    """Writes s = (z − max z)/temp in float32 (one read of z) and e = exp(s); returns max z."""
     m = z.amax(dim=-1, keepdim=True)
     neg = m.to(torch.float32).mul_(-inv_temp)
     torch.add(neg, z, alpha=inv_temp, out=s_out)  # promotes bf16/fp16 to float32 on the fly
@@ -203,7 +202,7 @@ def _shift_exp(z: Tensor, inv_temp: float, s_out: Tensor, e_out: Tensor) -> tupl
 def _row_sums(s: Tensor, e: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Σe, Σe·s and Σe² per row; -inf logits (e = 0, s = -inf) contribute 0, never NaN."""
     s1 = e.sum(-1)
-    # vecdot: one fused pass with cascade summation (bmm was 8x slower and 1e-3 off at V=152k)
+    # vecdot sums like sum() does (cascade); bmm was 8x slower here and 4e-4 nats off at V=152k
     sz = torch.linalg.vecdot(e, s)
     s2 = torch.linalg.vecdot(e, e)
     bad = torch.isnan(sz)
@@ -274,7 +273,8 @@ def token_stats(
     """Shannon/Rényi-2 entropy, top-1 prob, log p(token) and ICT JS to the group mean, per token.
 
     Give logits [B, T, V] (any float dtype) or hidden [B, T, H] + weight [V, H] (+ bias [V]).
-    chunk_size bounds the extra memory to chunk_size × V × 4 bytes (the JS path needs ≥ B rows).
+    chunk_size bounds the extra memory to chunk_size × V × 4 bytes; with group_ids one position
+    of the whole batch (B + number of groups rows) is the smallest block.
     """
     src = _Logits(logits, hidden, weight, bias)
     shape = (src.batch, src.time)
@@ -297,10 +297,11 @@ def token_stats(
 
 def _stats_by_tokens(src: _Logits, valid: Tensor, toks, inv_temp: float, chunk_size: int, out: dict) -> None:
     """Without JS: blocks of valid tokens only (masked positions cost nothing)."""
-    b_all, t_all = valid.nonzero(as_tuple=True)
-    n = b_all.numel()
+    flat, flat_host = _valid_rows(valid)
+    n = flat_host.numel()
     if n == 0:
         return
+    b_all, t_all = flat // src.time, flat % src.time
     rows = _block_rows(chunk_size, _STATS_BUFFERS, src.vocab)
     s_buf = torch.empty((min(rows, n), src.vocab), dtype=torch.float32, device=src.device)
     e_buf = torch.empty_like(s_buf)
@@ -308,13 +309,18 @@ def _stats_by_tokens(src: _Logits, valid: Tensor, toks, inv_temp: float, chunk_s
     tok_valid = toks[b_all, t_all] if toks is not None else None
     for start in range(0, n, rows):
         blk = slice(start, start + rows)
-        b, t = b_all[blk], t_all[blk]
-        s, e = s_buf[: b.numel()], e_buf[: b.numel()]
-        m = _shift_exp(src.rows(b, t), inv_temp, s, e)
+        s, e = s_buf[: flat[blk].numel()], e_buf[: flat[blk].numel()]
+        m = _shift_exp(src.rows(flat[blk], flat_host[blk]), inv_temp, s, e)
         sums.fill(blk, s, e, m, tok_valid[blk] if toks is not None else None)
     for name, value in sums.finish(torch.ones(n, dtype=torch.bool, device=src.device)).items():
         if value is not None:
             out[name][b_all, t_all] = value
+
+
+def _valid_rows(valid: Tensor) -> tuple[Tensor, Tensor]:
+    """Flat indices b·T + t of the valid tokens, on the device and (one sync) on the CPU."""
+    flat = valid.reshape(-1).nonzero().squeeze(1)
+    return flat, flat.cpu()
 
 
 def _stats_by_positions(
@@ -328,7 +334,8 @@ def _stats_by_positions(
     batch, vocab, device = src.batch, src.vocab, src.device
     n_groups = int(groups.max()) + 1
     onehot = torch.nn.functional.one_hot(groups, n_groups).to(torch.float32)  # [B, G]
-    positions = valid.any(0).nonzero(as_tuple=True)[0]  # only positions some row needs
+    positions = valid.any(0).nonzero().squeeze(1)  # only positions some row needs
+    positions_host = positions.cpu()
     n_pos = positions.numel()
     if n_pos == 0:
         return
@@ -355,7 +362,7 @@ def _stats_by_positions(
         c = t_pos.numel()
         s = x_buf[: c * batch].view(c, batch, vocab)
         e = y_buf[: c * batch].view(c, batch, vocab)
-        m = _shift_exp(src.block(t_pos), inv_temp, s, e)  # block is [c, B, V]
+        m = _shift_exp(src.block(t_pos, positions_host[blk]), inv_temp, s, e)  # block is [c, B, V]
         sums.fill(blk, s, e, m, toks_pos[blk] if toks is not None else None)
         inv_s1 = sums.s1[blk].reciprocal()
         if any(has_inactive[blk]):
@@ -386,30 +393,47 @@ def _sum_xlogx(x: Tensor, buf: Tensor) -> Tensor:
     return total
 
 
-def token_kl(student_logits: Tensor, teacher_logits: Tensor, mask: Tensor | None = None, chunk_size: int = 1024) -> Tensor:
-    """Reverse KL(p_student ‖ p_teacher) per token, float32 [B, T], 0 where mask is 0 (§4)."""
+def token_kl(
+    student_logits: Tensor, teacher_logits: Tensor, mask: Tensor | None = None, chunk_size: int = 1024
+) -> Tensor:
+    """Reverse KL(p_student ‖ p_teacher) per token over the full vocabulary, float32 [B, T] (§4).
+
+    0 where mask is 0; +inf where the teacher gives -inf to a token the student can sample.
+    """
     student = _Logits(student_logits, None, None, None)
     teacher = _Logits(teacher_logits, None, None, None)
     if (student.batch, student.time, student.vocab) != (teacher.batch, teacher.time, teacher.vocab):
         raise ValueError(
             f"student logits {tuple(student.logits.shape)} and teacher logits {tuple(teacher.logits.shape)} must match"
         )
-    shape = (student.batch, student.time)
+    shape, vocab = (student.batch, student.time), student.vocab
     valid = _as_mask(mask, shape, student.device)
     out = torch.zeros(shape, dtype=torch.float32, device=student.device)
-    b_all, t_all = valid.nonzero(as_tuple=True)
-    rows = _block_rows(_check_chunk(chunk_size), 4, student.vocab)
+    flat, flat_host = _valid_rows(valid)
+    n = flat_host.numel()
+    if n == 0:
+        return out
+    rows = _block_rows(_check_chunk(chunk_size), 5, vocab)  # 4 buffers + a possible copy
+    bufs = [torch.empty((min(rows, n), vocab), dtype=torch.float32, device=student.device) for _ in range(4)]
+    kl = torch.empty(n, dtype=torch.float32, device=student.device)
+    maxes = torch.empty((2, n), dtype=torch.float32, device=student.device)
     with torch.no_grad():
-        for start in range(0, b_all.numel(), rows):
-            b, t = b_all[start : start + rows], t_all[start : start + rows]
-            zs = student.rows(b, t).to(torch.float32)
-            zt = teacher.rows(b, t).to(torch.float32)
-            log_ps = torch.log_softmax(zs, dim=-1)
-            log_pt = torch.log_softmax(zt, dim=-1)
-            ps = log_ps.exp()
-            # Σ p_s (log p_s − log p_t), where p_s = 0 contributes 0 even against log p_t = -inf
-            diff = torch.where(ps > 0, log_ps - log_pt, torch.zeros((), device=zs.device))
-            out[b, t] = (ps * diff).sum(-1).clamp_(min=0.0)
+        for start in range(0, n, rows):
+            blk = slice(start, start + rows)
+            s_s, e_s, s_t, e_t = (buf[: flat[blk].numel()] for buf in bufs)
+            maxes[0, blk] = _shift_exp(student.rows(flat[blk], flat_host[blk]), 1.0, s_s, e_s)
+            maxes[1, blk] = _shift_exp(teacher.rows(flat[blk], flat_host[blk]), 1.0, s_t, e_t)
+            s1_s, s1_t = e_s.sum(-1), e_t.sum(-1)
+            # log p_s − log p_t = (s_s − s_t) − log Σe_s + log Σe_t, differenced per element
+            diff = torch.sub(s_s, s_t, out=s_t)
+            cross = torch.linalg.vecdot(e_s, diff)
+            bad = torch.isnan(cross)
+            if bool(bad.any()):  # 0 · (±inf or NaN) where the student puts no mass: counts 0
+                eb, db = e_s[bad], diff[bad]
+                cross[bad] = torch.where(eb > 0, eb * db, torch.zeros((), device=eb.device)).sum(-1)
+            kl[blk] = cross / s1_s - s1_s.log() + s1_t.log()
+    _raise_nonfinite(maxes, torch.ones_like(maxes, dtype=torch.bool))
+    out.view(-1)[flat] = kl.clamp_(min=0.0)
     return out
 
 

@@ -285,6 +285,9 @@ def test_token_kl_matches_reference_and_is_zero_on_itself():
     expected = np.where(ps["p"] > 0, ps["p"] * (ps["logq"] - np.where(ps["p"] > 0, pt["logq"], 0)), 0).sum(-1)
     np.testing.assert_allclose(kl.numpy(), expected * mask.numpy(), atol=TOL)
     assert token_kl(s, s).abs().max().item() <= 1e-5
+    assert token_kl(s.to(torch.bfloat16), t.to(torch.bfloat16), chunk_size=1).shape == (2, 5)
+    t[1, 1, 5] = -float("inf")  # the teacher forbids a token the student may sample
+    assert token_kl(s, t)[1, 1].item() == float("inf")
 
 
 # ---------------------------------------------------------------------------- pass@k
