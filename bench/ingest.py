@@ -53,6 +53,7 @@ def bench_raw_duckdb(table: pa.Table, tmp: str) -> float:
     with Store(os.path.join(tmp, "schema.duckdb"), alerts=False):
         pass                                   # the same schema, created by the store
     con = duckdb.connect(os.path.join(tmp, "schema.duckdb"))
+    con.execute("SET enable_progress_bar = false")
     con.register("t", table)
     start = time.perf_counter()
     con.execute("INSERT INTO tokens BY NAME SELECT 'raw' AS run_id, * FROM t")

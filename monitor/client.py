@@ -159,7 +159,17 @@ class LocalSink(_Sink):
                                             config=config)
         self._pending: set = set()
         self._lock = threading.Lock()
+        self._ended = threading.Event()
+        threading.Thread(target=self._beat, name="forksight-heartbeat", daemon=True).start()
         _open_sinks.add(self)
+
+    def _beat(self, interval: float = 30.0) -> None:
+        # a step longer than the stale window must not make a live run read as crashed
+        while not self._ended.wait(interval):
+            try:
+                self.store.heartbeat(self.run_id)
+            except RuntimeError:          # the store was closed under us
+                return
 
     def _submit(self, **tables) -> None:
         from monitor.store import Records
@@ -220,6 +230,7 @@ class LocalSink(_Sink):
         if self._finished:
             return
         self._finished = True
+        self._ended.set()
         _open_sinks.discard(self)
         self.flush()
         self._on_alerts(self.store.update_run(self.run_id, status=status) or [])

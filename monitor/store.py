@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import queue
 import re
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from monitor.schema import MAX_TEXT_CHARS, MAX_TOKEN_CHARS, MAX_TOKEN_ROWS, TOKEN_COLUMNS
+
+if TYPE_CHECKING:                      # pandas loads with the first read, not in every producer
+    import pandas as pd
 
 log = logging.getLogger("forksight.store")
 
@@ -460,6 +463,7 @@ class Store:
             raise RuntimeError(
                 f"cannot open {self.path}: {exc}. Another process (likely `forksight serve`) owns it; "
                 "stream to that collector with url=... instead of db=...") from None
+        self._conn.execute("SET enable_progress_bar = false")   # a collector's log is no terminal
         self._conn.execute(SCHEMA_SQL)
         self.reader = Reader(self._conn, stale_after=stale_after)
         self.hub = hub if hub is not None else (_load_alert_hub() if alerts else None)
@@ -718,7 +722,10 @@ class Store:
                     log.exception("alert hub failed on run %s step %s", run_id, step)
                     rows = []
                 for row in rows:
-                    row = {**row, "run_id": run_id}
+                    # JSON answers cannot carry NaN/inf: a non-finite alert field becomes null
+                    row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                           for k, v in row.items()}
+                    row["run_id"] = run_id
                     row.setdefault("step", step)
                     row.setdefault("wall_time", time.time())
                     out.setdefault(id(job), []).append(row)
