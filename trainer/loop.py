@@ -19,7 +19,8 @@ from monitor import metrics
 from trainer import loss as losses
 from trainer.config import TrainConfig
 from trainer.model import build_tiny, load
-from trainer.rollout import Rollout, completion_logits, generate, token_logp
+from trainer.rollout import (Rollout, completion_hidden, completion_logits, generate, head_is_plain,
+                             token_logp)
 from trainer.selection import select
 from trainer.tasks import Task, held_out, make_task
 
@@ -53,6 +54,7 @@ class Context:
     world: int = 1
     model_path: str = ""
     run_name: str = ""
+    split_head: bool = False      # logits == output_layer(base_model(...)): sparse backward works
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,7 +146,7 @@ def setup(config: TrainConfig, sink=None, *, model=None, tokenizer=None) -> tupl
 
     reporter = StepReporter(sink, tokenizer, token_groups=config.token_groups)
     ctx = Context(config, model, tokenizer, optimizer, task, reporter, ref, teacher, rank, world,
-                  policy_path, run_name)
+                  policy_path, run_name, head_is_plain(model))
     return ctx, sink
 
 
@@ -183,18 +185,41 @@ def _all_reduce_grads(model, world: int) -> None:
         p.grad.div_(world)
 
 
+# Strategies that train on a small fraction of tokens: the output layer (V × H, the largest
+# matrix in a small model's step) runs with grad on the selected rows only.
+SPARSE_STRATEGIES = ("fork", "ict", "random", "maxtok", "mintok", "rand1tok")
+
+
+def _needs_stats(strategy: str) -> bool:
+    return strategy in ("fork", "ict", "stapo")
+
+
 def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, float]:
-    """One RL step; returns the scalars the reporter streamed (or the loss-side ones)."""
+    """One RL step; returns the scalars the reporter streamed (or the loss-side ones).
+    report=False skips monitoring entirely (statistics the strategy does not need, reporting):
+    the baseline the overhead benchmark compares against."""
     cfg = ctx.config
+    clock = {"start": time.perf_counter()}
     roll, problems, rewards, correct = rollout_batch(ctx, step)
+    clock["rollout"] = time.perf_counter()
     adv = losses.group_advantages(rewards, roll.group_ids, scale=cfg.scale_rewards)
     valid = roll.mask
-    logits = completion_logits(ctx.model, roll.input_ids, roll.attention_mask, roll.prompt_len)
+    sparse = ctx.split_head and cfg.strategy in SPARSE_STRATEGIES
+    head = ctx.model.get_output_embeddings()
+    if sparse:  # logits without a graph for statistics/selection; grad later on selected rows
+        hidden = completion_hidden(ctx.model, roll.input_ids, roll.attention_mask, roll.prompt_len)
+        with torch.no_grad():
+            logits = head(hidden.detach())
+    else:
+        logits = completion_logits(ctx.model, roll.input_ids, roll.attention_mask, roll.prompt_len)
     # The one pass over the vocabulary for statistics: selection reads it, the reporter ships it.
-    need_js = report or cfg.strategy == "ict"
-    stats = metrics.token_stats(logits.detach(), mask=valid, tokens=roll.completion,
-                                temperature=cfg.temperature,
-                                group_ids=roll.group_ids if need_js else None)
+    if report or _needs_stats(cfg.strategy):
+        stats = metrics.token_stats(logits.detach(), mask=valid, tokens=roll.completion,
+                                    temperature=cfg.temperature,
+                                    group_ids=roll.group_ids if report or cfg.strategy == "ict" else None)
+    else:  # all / random / distillation select from the mask (and KL) alone
+        stats = metrics.TokenStats(entropy=None, renyi2=None, top1=None, logp=None, js=None,
+                                   mask=valid)
     gen = torch.Generator().manual_seed(_step_seed(cfg, ctx.rank, step))
     teacher_logits = kl = None
     if ctx.teacher is not None:
@@ -212,30 +237,46 @@ def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, flo
             ref_logits = completion_logits(ctx.ref, roll.input_ids, roll.attention_mask,
                                            roll.prompt_len)
             ref_logp = token_logp(ref_logits, roll.completion, cfg.temperature)
-    extra: dict[str, float] = {}
+    clock["select"] = time.perf_counter()
+    info: dict[str, float] = {}
     old_logp = None
+    rows = sel.mask.nonzero(as_tuple=True)
     for update in range(cfg.updates_per_batch):
-        if update > 0:  # later updates see the moved policy: recompute its logits
-            logits = completion_logits(ctx.model, roll.input_ids, roll.attention_mask,
-                                       roll.prompt_len)
+        if update > 0:  # later updates see the moved policy: recompute its forward
+            if sparse:
+                hidden = completion_hidden(ctx.model, roll.input_ids, roll.attention_mask,
+                                           roll.prompt_len)
+            else:
+                logits = completion_logits(ctx.model, roll.input_ids, roll.attention_mask,
+                                           roll.prompt_len)
+        # logits with grad: selected rows only (sparse) or the whole batch
+        picked = head(hidden[rows]) if sparse else logits[rows]
         if teacher_logits is not None:
-            loss, info = _distill(logits, teacher_logits, sel.mask, cfg.temperature), {}
+            loss = _distill(picked, teacher_logits[rows], cfg.temperature)
         else:
-            logp = token_logp(logits, roll.completion, cfg.temperature)
+            logp = torch.zeros(valid.shape, dtype=torch.float32, device=picked.device)
+            logp = logp.index_put(rows, token_logp(picked, roll.completion[rows], cfg.temperature))
             old_logp = logp.detach() if old_logp is None else old_logp
             loss, info = losses.grpo_loss(logp, old_logp, adv, sel.mask, valid,
                                           clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                           normalizer=sel.normalizer, ref_logp=ref_logp,
                                           beta=cfg.beta)
+        clock["forward"] = time.perf_counter()
         ctx.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        clock["backward"] = time.perf_counter()
         _all_reduce_grads(ctx.model, ctx.world)
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), max_norm)
         ctx.optimizer.step()
-    extra.update(info, **sel.info, loss=loss.item(), grad_norm=float(grad_norm),
-                 lr=ctx.optimizer.param_groups[0]["lr"])
+    clock["end"] = time.perf_counter()
+    extra: dict[str, float] = {**info, **sel.info, "loss": loss.item(), "grad_norm": float(grad_norm),
+                               "lr": ctx.optimizer.param_groups[0]["lr"]}
     extra.setdefault("kl", 0.0)
+    extra["time/rollout"] = clock["rollout"] - clock["start"]
+    extra["time/backward"] = clock["backward"] - clock["forward"]
+    extra["time/step"] = clock["end"] - clock["start"]
+    extra["tokens/trained"] = float(len(rows[0]))
     if kl is not None:
         extra["distill/kl_mean"] = float(kl[valid].mean()) if valid.any() else 0.0
     if not report or ctx.reporter is None:
@@ -248,15 +289,13 @@ def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, flo
                                extra=extra, weight=float(valid.sum()))
 
 
-def _distill(logits: torch.Tensor, teacher_logits: torch.Tensor, selected: torch.Tensor,
-             temperature: float) -> torch.Tensor:
-    """Mean reverse KL(student ‖ teacher) over the few selected tokens, with grad; only those
-    rows go through log_softmax (the dense per-token KL for selection came from metrics)."""
-    b, t = selected.nonzero(as_tuple=True)
-    log_s = torch.log_softmax(logits[b, t].float() / temperature, dim=-1)
-    log_t = torch.log_softmax(teacher_logits[b, t].float() / temperature, dim=-1)
+def _distill(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Mean reverse KL(student ‖ teacher) over the selected rows [N, V], with grad (the dense
+    per-token KL that chose them came from metrics.token_kl, without grad)."""
+    log_s = torch.log_softmax(logits.float() / temperature, dim=-1)
+    log_t = torch.log_softmax(teacher_logits.float() / temperature, dim=-1)
     per_token = F.kl_div(log_t, log_s, log_target=True, reduction="none").sum(-1)
-    return losses.distill_loss(per_token.unsqueeze(0), torch.ones_like(per_token, dtype=torch.bool).unsqueeze(0))
+    return losses.distill_loss(per_token, torch.ones_like(per_token, dtype=torch.bool))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -68,3 +68,28 @@ def token_logp(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -
     """log p(sampled token) under softmax(logits / T), differentiable (the loss's own pass)."""
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def completion_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      prompt_len: int) -> torch.Tensor:
+    """Final hidden states [B, T, H] that the output layer turns into the completion logits;
+    lets a sparse strategy run the (vocabulary-sized) output layer with grad on its few
+    selected tokens only."""
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                           position_ids=position_ids)
+    return out.last_hidden_state[:, prompt_len - 1 : -1]
+
+
+def head_is_plain(model) -> bool:
+    """True when logits == output_embeddings(base_model hidden states) (no soft-capping or
+    scaling between them), checked numerically on a short input."""
+    head = model.get_output_embeddings()
+    if head is None or model.base_model is model:
+        return False
+    ids = torch.arange(1, 7, device=next(model.parameters()).device).unsqueeze(0) % model.config.vocab_size
+    attn = torch.ones_like(ids)
+    with torch.no_grad():
+        direct = completion_logits(model, ids, attn, 1)
+        split = head(completion_hidden(model, ids, attn, 1))
+    return bool(torch.allclose(direct, split, atol=1e-4, rtol=1e-4))
