@@ -199,18 +199,20 @@ class CollapseConfig(DetectorConfig):
     forecast_smoothing: float = Field(0.7, ge=0.0, lt=1.0, description="lighter EMA β for the fitted series: less lag than `smoothing`, so the fitted rate follows a fresh decay")
     forecast_horizon: int = Field(150, ge=1, description="warn when the fitted decay reaches the floor within this many steps")
     forecast_min_drop: float = Field(0.25, ge=0.0, lt=1.0, description="forecast only once entropy is this fraction below baseline (quiet on flat noisy runs)")
-    forecast_min_r2: float = Field(0.8, ge=0.0, le=1.0, description="the log-linear fit must explain this share of the variance")
+    forecast_min_r2: float = Field(0.75, ge=0.0, le=1.0, description="the log-linear fit must explain this share of the variance")
     reward_key: str = Field("reward/mean", description="reward scalar for the R = -a·exp(H) + b ceiling shown in the message")
 
 
 class CovarianceConfig(DetectorConfig):
+    # Cov(log π, A) is positive on nearly every step of a healthy GRPO run too (measured on the
+    # bundled trainer), so it only warns together with an entropy that is already falling.
     key: str = Field("cov/logp_adv", description="scalar holding Cov(log π(y), A) over tokens")
     cooldown: int = Field(100, ge=0, description="minimum steps between two covariance warnings")
-    persist: int = Field(5, ge=1, description="the covariance condition must hold this many consecutive steps")
-    window: int = Field(30, ge=5, description="steps the covariance must stay positive over")
+    persist: int = Field(3, ge=1, description="the covariance condition must hold this many consecutive steps")
+    window: int = Field(10, ge=3, description="steps the covariance must stay positive over")
     min_positive_fraction: float = Field(0.8, gt=0.5, le=1.0, description="share of the window's steps with positive covariance")
     min_t: float = Field(3.0, ge=0.0, description="the window mean must be this many standard errors above 0")
-    min_entropy_drop: float = Field(0.1, ge=0.0, lt=1.0, description="and smoothed entropy must already be this fraction below its baseline (0 = covariance alone)")
+    min_entropy_drop: float = Field(0.25, ge=0.0, lt=1.0, description="and smoothed entropy must already be this fraction below its baseline (0 = covariance alone)")
     entropy_key: str = Field("entropy/mean", description="entropy scalar for the min_entropy_drop guard")
 
 
@@ -352,7 +354,9 @@ class CollapseDetector(Detector):
     def _forecast(self, step: int, smooth: float, base: float, floor: float) -> int | None:
         """Step at which the log-linear fit of smoothed entropy crosses the floor, if within the horizon."""
         c = self.config
-        if smooth > base * (1.0 - c.forecast_min_drop) or smooth < floor:
+        # gate on the lightly smoothed level: the heavy EMA lags a fast collapse by ~10 steps
+        fast = self.trend_ema.value
+        if fast > base * (1.0 - c.forecast_min_drop) or smooth < floor:
             return None
         if self.trend.n < max(5, c.forecast_window // 2):
             return None
@@ -363,8 +367,10 @@ class CollapseDetector(Detector):
         if slope >= 0 or r2 < c.forecast_min_r2:
             return None
         ahead = (math.log(max(floor, _TINY)) - fitted_now) / slope
-        if not 0 < ahead <= c.forecast_horizon:
+        if ahead > c.forecast_horizon:
             return None
+        # ahead <= 0: the fitted line is already under the floor while the smoothed level
+        # (which lags) is not yet: the crossing is now
         return step + max(1, int(math.ceil(ahead)))
 
     def _ceiling_note(self) -> str:

@@ -191,13 +191,18 @@ def test_lost_diversity_warns_then_goes_critical():
 
 def test_covariance_early_warning_needs_sustained_positive_covariance_and_falling_entropy():
     rng = np.random.default_rng(6)
-    falling = [{"cov/logp_adv": 0.01 + rng.normal(0, 0.005), "entropy/mean": 1.2 * math.exp(-t / 150)}
+    falling = [{"cov/logp_adv": 0.01 + rng.normal(0, 0.005), "entropy/mean": 1.2 * math.exp(-t / 60)}
                for t in range(120)]
     alerts = [a for a in observe_all(falling) if a.detector == "covariance"]
     assert len(alerts) == 1 and alerts[0].severity == "warning"
+    cfg = AlertConfig().covariance
     step = alerts[0].step
-    window = np.array([r["cov/logp_adv"] for r in falling[step - 29:step + 1]])
+    window = np.array([r["cov/logp_adv"] for r in falling[step - cfg.window + 1:step + 1]])
     assert alerts[0].value == pytest.approx(window.mean())
+    # it waited for entropy to be min_entropy_drop below baseline, then `persist` steps
+    h = np.array([r["entropy/mean"] for r in falling])
+    first_drop = int(np.argmax(smoothed(h) <= (1 - cfg.min_entropy_drop) * h[:10].mean()))
+    assert step == first_drop + cfg.persist - 1
     flat = [{**r, "entropy/mean": 1.2} for r in falling]      # same covariance, entropy not falling
     assert [a for a in observe_all(flat) if a.detector == "covariance"] == []
 
