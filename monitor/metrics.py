@@ -574,23 +574,30 @@ def histogram(values, edges: Sequence[float] | np.ndarray = ENTROPY_EDGES) -> np
 
 def summarize(stats: TokenStats) -> dict[str, float]:
     """Step scalars over valid tokens: entropy/mean, entropy/p20…p95, renyi2/mean, top1/mean,
-    logp/mean and js/mean when present, fork/frac (H ≥ 0.672), tokens/count."""
+    logp/mean, js/mean, fork/frac (H ≥ 0.672), tokens/count.
+
+    A field that is None is left out; NaN marks "not computed for this token" (hooks fill JS for
+    a sample of groups only) and is skipped, so each mean is over the tokens that have a value.
+    """
     valid = stats.mask
-    h = stats.entropy[valid].to(torch.float64)
-    out: dict[str, float] = {"tokens/count": float(h.numel())}
-    if h.numel() == 0:
-        return out
-    out["entropy/mean"] = float(h.mean())
-    qs = torch.quantile(h.cpu(), torch.tensor([0.2, 0.5, 0.8, 0.95], dtype=torch.float64)) if h.numel() < 1 << 24 else None
-    if qs is None:  # torch.quantile refuses > 2^24 elements
-        qs = torch.from_numpy(np.quantile(h.cpu().numpy(), [0.2, 0.5, 0.8, 0.95]))
-    for name, q in zip(("p20", "p50", "p80", "p95"), qs.tolist()):
-        out[f"entropy/{name}"] = float(q)
-    out["renyi2/mean"] = float(stats.renyi2[valid].to(torch.float64).mean())
-    out["top1/mean"] = float(stats.top1[valid].to(torch.float64).mean())
-    if stats.logp is not None:
-        out["logp/mean"] = float(stats.logp[valid].to(torch.float64).mean())
-    if stats.js is not None:
-        out["js/mean"] = float(stats.js[valid].to(torch.float64).mean())
-    out["fork/frac"] = float((h >= FORK_ENTROPY).to(torch.float64).mean())
+    out: dict[str, float] = {"tokens/count": float(valid.sum())}
+
+    def known(field: Tensor | None) -> Tensor | None:
+        if field is None:
+            return None
+        values = field.detach()[valid].to(torch.float64).cpu()
+        values = values[~torch.isnan(values)]
+        return values if values.numel() else None
+
+    h = known(stats.entropy)
+    if h is not None:
+        out["entropy/mean"] = float(h.mean())
+        qs = np.quantile(h.numpy(), [0.2, 0.5, 0.8, 0.95])  # numpy: torch.quantile caps at 2^24 values
+        for name, q in zip(("p20", "p50", "p80", "p95"), qs):
+            out[f"entropy/{name}"] = float(q)
+        out["fork/frac"] = float((h >= FORK_ENTROPY).to(torch.float64).mean())
+    for key, field in (("renyi2", stats.renyi2), ("top1", stats.top1), ("logp", stats.logp), ("js", stats.js)):
+        values = known(field)
+        if values is not None:
+            out[f"{key}/mean"] = float(values.mean())
     return out

@@ -436,3 +436,40 @@ def test_summarize_matches_numpy_over_valid_tokens():
     bare = summarize(token_stats(z))
     assert "logp/mean" not in bare and "js/mean" not in bare
     assert summarize(token_stats(z, mask=torch.zeros(4, 10, dtype=torch.bool))) == {"tokens/count": 0.0}
+    # NaN = not computed (hooks fill JS for a sample of groups): means skip it, None drops the key
+    partial = metrics.TokenStats(stats.entropy, None, stats.top1, None, stats.js.clone(), stats.mask)
+    partial.js[2:] = float("nan")
+    got = summarize(partial)
+    assert "renyi2/mean" not in got and "logp/mean" not in got
+    assert got["js/mean"] == pytest.approx(stats.js.numpy()[:2][m[:2]].mean(), abs=1e-6)
+
+
+# ---------------------------------------------------------------------------- memory bound
+
+MEMORY_CHILD = r"""
+import resource, sys, torch
+from monitor.metrics import token_stats
+torch.set_num_threads(1)
+B, T, V, chunk = 2, 48, 151_936, 8
+z = torch.empty(B, T, V).normal_(0, 3)
+tokens = torch.zeros(B, T, dtype=torch.long)
+token_stats(z[:, :2], tokens=tokens[:, :2], group_ids=[0, 0], chunk_size=chunk)  # warm up kernels
+peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+before = peak()
+token_stats(z, tokens=tokens, chunk_size=chunk)
+token_stats(z, tokens=tokens, group_ids=[0, 0], chunk_size=chunk)
+after_stats = peak()
+torch.log_softmax(z, -1)  # the whole-tensor way, to show the probe sees big allocations
+print(after_stats - before, peak() - after_stats, chunk * V * 4, z.numel() * 4)
+"""
+
+
+def test_peak_extra_memory_stays_within_the_chunk_budget():
+    import subprocess
+    import sys
+
+    # a fresh process: ru_maxrss is a high-water mark, so each step's growth is its own peak
+    out = subprocess.run([sys.executable, "-c", MEMORY_CHILD], capture_output=True, text=True, check=True)
+    stats_growth, whole_growth, chunk_bound, logits_bytes = map(int, out.stdout.split())
+    assert stats_growth <= chunk_bound + 4 * 2**20, (stats_growth, chunk_bound)
+    assert whole_growth >= 0.5 * logits_bytes  # the probe is not blind: B·T·V shows up
