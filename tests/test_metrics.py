@@ -131,8 +131,9 @@ def test_neg_inf_logits_equal_reference_over_finite_vocabulary():
     np.testing.assert_allclose(stats.js.numpy(), expected_js, atol=TOL)
 
 
-def test_bf16_logits_are_computed_in_float32():
-    z = random_logits((2, 7, 211), seed=6).to(torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_low_and_high_precision_logits_are_computed_in_float32(dtype):
+    z = random_logits((2, 7, 211), seed=6).to(dtype)
     stats = token_stats(z, group_ids=[3, 3])
     ref = ref_stats(z.to(torch.float64).numpy())
     np.testing.assert_allclose(stats.entropy.numpy(), ref["entropy"], atol=TOL)
