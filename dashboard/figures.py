@@ -29,6 +29,7 @@ SEVERITY_COLOR = {"critical": "#c92a2a", "warning": "#e67700"}
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 HEAT_SCALE = [[0, "#ffffff"], [0.02, "#fff3bf"], [0.1, "#ffa94d"], [0.35, "#e8590c"],
               [1, "#5c0a0a"]]
+TOKEN_SCALE = [[0, "#fff7ec"], [0.35, "#fdbb84"], [0.7, "#e34a33"], [1, "#7f0000"]]
 _TICK_EDGES = (0.0, 1e-3, 1e-2, 0.1, FORK_THRESHOLD, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0)
 
 
@@ -39,8 +40,17 @@ def ema_debiased(values: Sequence[float], beta: float, acc: float = 0.0, count: 
     later call resumes it. NaNs pass through without touching the accumulator; beta=0 is
     the identity."""
     vals = np.asarray(values, dtype=np.float64)
+    ok = ~np.isnan(vals)
+    if count == 0 and 0 < beta < 1 and ok.any():
+        # a fresh curve: pandas' adjusted EWM is this same debiased mean, in compiled code
+        # (the Python loop below cost ~10 ms per 2,000-point series)
+        smoothed = pd.Series(vals).ewm(alpha=1.0 - beta, adjust=True,
+                                       ignore_na=True).mean().to_numpy(copy=True)
+        smoothed[~ok] = np.nan
+        count = int(ok.sum())
+        return smoothed, float(smoothed[ok][-1] * (1.0 - beta ** count)), count
     out = np.full(vals.shape, np.nan)
-    for i, x in enumerate(vals):
+    for i, x in enumerate(vals):        # resuming a live curve: a handful of new points
         if math.isnan(x):
             continue
         acc = beta * acc + (1.0 - beta) * x
@@ -63,21 +73,50 @@ def use_webgl(n_points: int) -> bool:
     return n_points > SCATTERGL_AFTER
 
 
-def series(scalars: pd.DataFrame | None, key: str, max_points: int | None = None
-           ) -> pd.DataFrame:
-    """One key's rows sorted by step (step, value, wall_time), downsampled to max_points."""
+Scalars = "pd.DataFrame | dict[str, pd.DataFrame]"   # the Reader's frame, or by_key() of it
+
+
+def by_key(scalars: pd.DataFrame | None) -> dict[str, pd.DataFrame]:
+    """Split the Reader's long frame once into {key: rows sorted by step}: filtering the long
+    frame per key per chart cost more than the whole query on a 10,000-step run."""
     if scalars is None or scalars.empty:
-        return pd.DataFrame({"step": pd.Series([], dtype="int64"),
-                             "value": pd.Series([], dtype="float64"),
-                             "wall_time": pd.Series([], dtype="float64")})
-    rows = scalars[scalars["key"] == key].sort_values("step", kind="stable")
-    return rows.iloc[downsample_indices(len(rows), max_points)]
+        return {}
+    out = {}
+    for key, rows in scalars.groupby("key", sort=False):
+        out[key] = rows if rows["step"].is_monotonic_increasing else \
+            rows.sort_values("step", kind="stable")
+    return out
+
+
+def keys_of(scalars) -> list[str]:
+    """The keys present in a Reader frame or a by_key() dict."""
+    if isinstance(scalars, dict):
+        return list(scalars)
+    return [] if scalars is None or scalars.empty else scalars["key"].unique().tolist()
+
+
+_EMPTY = pd.DataFrame({"step": pd.Series([], dtype="int64"),
+                       "value": pd.Series([], dtype="float64"),
+                       "wall_time": pd.Series([], dtype="float64")})
+
+
+def series(scalars, key: str, max_points: int | None = None) -> pd.DataFrame:
+    """One key's rows sorted by step (step, value, wall_time), downsampled to max_points."""
+    if isinstance(scalars, dict):
+        rows = scalars.get(key, _EMPTY)
+    elif scalars is None or scalars.empty:
+        rows = _EMPTY
+    else:
+        rows = scalars[scalars["key"] == key].sort_values("step", kind="stable")
+    if max_points is not None and len(rows) > max_points:
+        rows = rows.iloc[downsample_indices(len(rows), max_points)]
+    return rows
 
 
 def x_values(rows: pd.DataFrame, x_axis: str) -> list:
     """The x coordinates of rows: steps, or wall times as ISO strings (JSON-safe for Patch)."""
     if x_axis == "step":
-        return [int(s) for s in rows["step"]]
+        return rows["step"].astype("int64").tolist()
     if x_axis != "wall":
         raise ValueError(f"x_axis must be 'step' or 'wall', got {x_axis!r}")
     return wall_strings(rows["wall_time"])
@@ -136,7 +175,12 @@ def _line(x: list, y: list, *, name: str, color: str, meta: dict, gl: bool,
 
 def _clean(values: np.ndarray | Sequence[float]) -> list:
     """Floats for JSON: NaN becomes None (a gap in the line), never the invalid token NaN."""
-    return [None if v is None or math.isnan(v) else float(v) for v in values]
+    arr = np.asarray(values, dtype=np.float64)
+    if not np.isnan(arr).any():
+        return arr.tolist()
+    out = arr.astype(object)
+    out[np.isnan(arr)] = None
+    return out.tolist()
 
 
 def _smoothed(y: Sequence[float], smoothing: float, key: str) -> tuple[list, dict]:
@@ -227,8 +271,11 @@ def entropy_figure(scalars: pd.DataFrame, *, alerts: pd.DataFrame | None = None,
                             smoothing=smoothing, x_axis=x_axis, gl=gl)
     data += _raw_and_smooth(renyi, "renyi2/mean", name="Rényi-2 H2", color=RENYI_COLOR,
                             smoothing=smoothing, x_axis=x_axis, gl=gl)
-    data += _raw_and_smooth(js, "js/mean", name="JS to group (right axis)", color=JS_COLOR,
-                            smoothing=smoothing, x_axis=x_axis, gl=gl, yaxis="y2")
+    js_traces = _raw_and_smooth(js, "js/mean", name="JS to group (right axis)", color=JS_COLOR,
+                                smoothing=smoothing, x_axis=x_axis, gl=gl, yaxis="y2")
+    for trace in js_traces:                 # secondary: dotted, so H stays the eye's anchor
+        trace["line"].update(dash="dot", width=1.5)
+    data += js_traces
     data.append(alert_trace(alerts, mean, x_axis))
     shapes, notes = [], []
     for shape, note in (_hline(FORK_THRESHOLD, "fork threshold 0.672", "#495057", "dot"),):
@@ -332,13 +379,16 @@ def histogram_matrix(hist: pd.DataFrame | None) -> tuple[list[int], list[float],
     """Per-step histograms as (steps, bin_lo, bin_hi, share[step, bin]); each row sums to 1."""
     if hist is None or hist.empty:
         return [], [], [], np.zeros((0, 0))
-    table = hist.pivot_table(index="step", columns=["bin_lo", "bin_hi"], values="count",
-                             aggfunc="sum", fill_value=0).sort_index(axis=0).sort_index(axis=1)
-    counts = table.to_numpy(np.float64)
+    # numpy, not pivot_table: 10x faster on 600 steps x 104 bins
+    steps, step_idx = np.unique(hist["step"].to_numpy(np.int64), return_inverse=True)
+    los, bin_idx = np.unique(hist["bin_lo"].to_numpy(np.float64), return_inverse=True)
+    his = np.zeros(len(los))
+    his[bin_idx] = hist["bin_hi"].to_numpy(np.float64)
+    counts = np.zeros((len(steps), len(los)))
+    np.add.at(counts, (step_idx, bin_idx), hist["count"].to_numpy(np.float64))
     totals = counts.sum(axis=1, keepdims=True)
     share = np.divide(counts, totals, out=np.zeros_like(counts), where=totals > 0)
-    return ([int(s) for s in table.index], [float(c[0]) for c in table.columns],
-            [float(c[1]) for c in table.columns], share)
+    return steps.tolist(), los.tolist(), his.tolist(), share
 
 
 def bin_labels(los: Sequence[float], his: Sequence[float]) -> list[str]:
@@ -346,12 +396,16 @@ def bin_labels(los: Sequence[float], his: Sequence[float]) -> list[str]:
     return [f"{lo:.3g}–{hi:.3g}" for lo, hi in zip(los, his)]
 
 
-def entropy_heatmap(hist: pd.DataFrame | None, *, uirevision: str = "run") -> dict:
-    """Entropy distribution of all tokens per step (share per bin, one column per step):
-    a collapse shows as the mass sliding into the lowest bins, an explosion as it rising."""
+def entropy_heatmap(hist: pd.DataFrame | None, *, max_steps: int | None = None,
+                    uirevision: str = "run") -> dict:
+    """Entropy distribution of all tokens per step (share per bin, one column per step, at
+    most max_steps evenly spaced): a collapse shows as the mass sliding into the lowest
+    bins, an explosion as it rising."""
     steps, los, his, share = histogram_matrix(hist)
     if not steps:
         return empty_figure("no entropy histograms logged yet", height=320)
+    keep = downsample_indices(len(steps), max_steps)
+    steps, share = [steps[i] for i in keep], share[keep]
     used = np.flatnonzero(share.sum(axis=0) > 0)
     top = int(used.max()) + 2 if len(used) else len(los)      # drop the empty bins above
     los, his, share = los[:top], his[:top], share[:, :top]
@@ -386,7 +440,7 @@ def diversity_gap(scalars: pd.DataFrame, hi_key: str, lo_key: str,
 def passk_figure(scalars: pd.DataFrame, *, smoothing: float = 0.0, x_axis: str = "step",
                  max_points: int | None = None, uirevision: str = "run") -> dict:
     """Reward and pass@1…pass@G on top, the diversity gap pass@G − pass@1 below."""
-    keys = pass_keys(scalars["key"].unique().tolist() if not scalars.empty else [])
+    keys = pass_keys(keys_of(scalars))
     reward = series(scalars, "reward/mean", max_points)
     rows = {k: series(scalars, k, max_points) for k in keys}
     gl = use_webgl(len(reward) + sum(map(len, rows.values())))
@@ -438,7 +492,7 @@ def scalar_grid(scalars: pd.DataFrame, keys: Sequence[str] = DIAGNOSTIC_KEYS, *,
     """Small multiples, one panel per key (fork/selected fraction, cov, loss, KL, …)."""
     keys = list(keys)
     if not keys:
-        return empty_figure("pick scalars by name above", height=220)
+        return empty_figure("pick scalars by name above", height=90)
     cols = min(cols, len(keys))
     rows = {k: series(scalars, k, max_points) for k in keys}
     gl = use_webgl(sum(map(len, rows.values())))
@@ -481,7 +535,7 @@ def compare_figure(runs: Sequence[dict], *, panels: Sequence[str] = COMPARE_PANE
         seen[strategy] = seen.get(strategy, 0) + 1
         scal = run["scalars"]
         for i, (panel, (xref, yref, _, _)) in enumerate(zip(panels, axes)):
-            keys = pass_keys(scal["key"].unique().tolist() if not scal.empty else [])
+            keys = pass_keys(keys_of(scal))
             if panel == "gap":
                 rows = diversity_gap(scal, keys[-1], keys[0], max_points) if len(keys) > 1 \
                     else series(None, panel)
@@ -518,7 +572,7 @@ def position_step_heatmap(tokens: pd.DataFrame | None, metric: str = "entropy",
     z = table.to_numpy(np.float64)
     trace = {"type": "heatmap", "x": [str(int(s)) for s in table.columns],
              "y": [int(p) for p in table.index], "z": [_clean(r) for r in z],
-             "colorscale": "YlOrRd", "reversescale": metric == "logp",
+             "colorscale": TOKEN_SCALE, "reversescale": metric == "logp",
              "colorbar": {"title": {"text": metric}, "thickness": 10},
              "hovertemplate": "step %{x}<br>position %{y}<br>" + metric +
                               " %{z:.3f}<extra></extra>"}

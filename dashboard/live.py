@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 from dash import Patch
 
-from dashboard.figures import (SEVERITY_COLOR, SEVERITY_SYMBOL, alert_text, ema_debiased,
-                               histogram_matrix, series, x_values)
+from dashboard.figures import (SEVERITY_COLOR, SEVERITY_SYMBOL, alert_text, by_key,
+                               ema_debiased, histogram_matrix, series, x_values)
 
 GROWING_ROLES = ("raw", "smooth", "heatmap", "alerts")
 
@@ -32,24 +32,25 @@ def trace_plan(figure: Any) -> list[dict]:
     return plan
 
 
-def _new_rows(scalars: pd.DataFrame, key: str, last_step: int) -> pd.DataFrame:
+def _new_rows(scalars: dict, key: str, last_step: int) -> pd.DataFrame:
     rows = series(scalars, key)
-    return rows[rows["step"] > last_step]
+    return rows[rows["step"] > last_step] if len(rows) else rows
 
 
-def _gap_rows(scalars: pd.DataFrame, hi_key: str, lo_key: str, last_step: int) -> pd.DataFrame:
+def _gap_rows(scalars: dict, hi_key: str, lo_key: str, last_step: int) -> pd.DataFrame:
     hi, lo = _new_rows(scalars, hi_key, last_step), _new_rows(scalars, lo_key, last_step)
     both = hi.merge(lo[["step", "value"]], on="step", suffixes=("", "_lo"))
     return both.assign(value=both["value"] - both["value_lo"])
 
 
-def extend_patch(plan: list[dict], scalars: pd.DataFrame, *, last_step: int,
+def extend_patch(plan: list[dict], scalars: pd.DataFrame | dict, *, last_step: int,
                  smoothing: float, x_axis: str, hist: pd.DataFrame | None = None,
                  new_alerts: pd.DataFrame | None = None) -> tuple[Patch | None, list[dict]]:
     """A Patch appending rows with step > last_step (and every row of new_alerts) to the
     planned traces, and the plan with its EMA states advanced. (None, plan) when nothing new
     touches this figure."""
     patch, plan, touched = Patch(), copy.deepcopy(plan), False
+    scalars = scalars if isinstance(scalars, dict) else by_key(scalars)
     for entry in plan:
         i, role = entry["i"], entry["role"]
         if role in ("raw", "smooth"):
@@ -80,7 +81,7 @@ def extend_patch(plan: list[dict], scalars: pd.DataFrame, *, last_step: int,
     return (patch if touched else None), plan
 
 
-def _extend_alerts(patch: Patch, i: int, new: pd.DataFrame, scalars: pd.DataFrame,
+def _extend_alerts(patch: Patch, i: int, new: pd.DataFrame, scalars: dict,
                    x_axis: str) -> bool:
     """Markers for new alerts, on the entropy mean of their step when it is in this tick."""
     mean = series(scalars, "entropy/mean").set_index("step")

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pandas as pd
@@ -14,6 +17,7 @@ from dash import html
 from dashboard import figures as F
 from dashboard.live import extend_patch, trace_plan
 
+_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="forksight-dash-read")
 ALL_POINTS = 1 << 40          # "all" in the downsampling picker
 HEATMAP_STEPS = 600           # heatmap columns: more than the eye resolves at 1,000 px
 RUN_KEYS_CORE = ("entropy/mean", "entropy/p20", "entropy/p80", "renyi2/mean", "js/mean",
@@ -86,31 +90,71 @@ def banner(alerts: pd.DataFrame) -> list:
     return items
 
 
+_CACHE: OrderedDict = OrderedDict()     # (reader, run, points, keys) -> frames already read
+_CACHE_LOCK = threading.Lock()
+CACHE_RUNS = 8
+
+
+def read_run(reader, run_id: str, keys: list[str], max_points: int
+             ) -> tuple[dict | None, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(run row, scalars, histograms, alerts) for a full draw. A redraw of the same run (a
+    smoothing, axis or scale change) reads only the steps stored since the last read and
+    appends them, so moving a slider does not re-query a 10,000-step run."""
+    cache_key = (id(reader), run_id, max_points, tuple(keys))
+    with _CACHE_LOCK:
+        hit = _CACHE.get(cache_key)
+    since = None if hit is None else (hit["frame"]["step"].max() + 1 if len(hit["frame"])
+                                      else None)
+    hist_since = None if hit is None else (hit["hist"]["step"].max() + 1 if len(hit["hist"])
+                                           else None)
+    points = ALL_POINTS if hit is not None else max_points
+    # independent reads in parallel: DuckDB releases the GIL and the Reader uses a cursor
+    # per call, so the wall time is the slowest read, not the sum
+    jobs = {"run": (run_row, reader, run_id),
+            "frame": (reader.read_scalars, run_id, keys, points,
+                      None if since is None else int(since)),
+            "hist": (reader.read_histograms, run_id, "entropy",
+                     ALL_POINTS if hit is not None else min(max_points, HEATMAP_STEPS),
+                     None if hist_since is None else int(hist_since)),
+            "alerts": (reader.read_alerts, run_id)}
+    futures = {name: _POOL.submit(*job) for name, job in jobs.items()}
+    run, frame, hist, alerts = (futures[n].result() for n in ("run", "frame", "hist", "alerts"))
+    if hit is not None:
+        frame = pd.concat([hit["frame"], frame], ignore_index=True) if len(frame) else \
+            hit["frame"]
+        hist = pd.concat([hit["hist"], hist], ignore_index=True) if len(hist) else hit["hist"]
+    with _CACHE_LOCK:
+        _CACHE[cache_key] = {"frame": frame, "hist": hist}
+        _CACHE.move_to_end(cache_key)
+        while len(_CACHE) > CACHE_RUNS:
+            _CACHE.popitem(last=False)
+    return run, frame, hist, alerts
+
+
 def draw_run(reader, run_id: str, controls: Controls) -> dict:
     """Every run-page figure drawn in full, plus the state the live tick resumes from."""
-    run = run_row(reader, run_id)
     keys = reader.scalar_keys(run_id)
     wanted = [*RUN_KEYS_CORE, *F.DIAGNOSTIC_KEYS, *F.pass_keys(keys), *controls.custom_keys]
     wanted = [k for k in dict.fromkeys(wanted) if k in set(keys)]
-    scalars = reader.read_scalars(run_id, keys=wanted, downsample=controls.max_points)
-    hist = reader.read_histograms(run_id, "entropy",
-                                  downsample=min(controls.max_points, HEATMAP_STEPS))
-    alerts = reader.read_alerts(run_id)
+    run, frame, hist, alerts = read_run(reader, run_id, wanted, controls.max_points)
+    scalars = F.by_key(frame)
     c = controls
     figures = {
         "entropy": F.entropy_figure(scalars, alerts=alerts, vocab_size=vocab_size(run),
                                     smoothing=c.smoothing, x_axis=c.x_axis, log_y=c.log_y,
-                                    uirevision=run_id),
-        "heatmap": F.entropy_heatmap(hist, uirevision=run_id),
+                                    max_points=c.max_points, uirevision=run_id),
+        "heatmap": F.entropy_heatmap(hist, max_steps=HEATMAP_STEPS, uirevision=run_id),
         "passk": F.passk_figure(scalars, smoothing=c.smoothing, x_axis=c.x_axis,
-                                uirevision=run_id),
+                                max_points=c.max_points, uirevision=run_id),
         "signals": F.scalar_grid(scalars, F.DIAGNOSTIC_KEYS, smoothing=c.smoothing,
-                                 x_axis=c.x_axis, log_y=c.log_y, uirevision=run_id),
+                                 x_axis=c.x_axis, log_y=c.log_y, max_points=c.max_points,
+                                 uirevision=run_id),
         "custom": F.scalar_grid(scalars, list(c.custom_keys), smoothing=c.smoothing,
                                 x_axis=c.x_axis, log_y=c.log_y, cols=3,
+                                max_points=c.max_points,
                                 title="Other scalars", uirevision=run_id),
     }
-    last = int(scalars["step"].max()) if not scalars.empty else -1
+    last = int(frame["step"].max()) if not frame.empty else -1
     last_hist = int(hist["step"].max()) if not hist.empty else -1
     state = {"run_id": run_id, "last_step": last, "last_hist_step": last_hist,
              "alerts_seen": len(alerts), "forecast": F.latest_forecast(alerts),
@@ -123,8 +167,9 @@ def tick_run(reader, state: dict, controls: Controls) -> dict:
     """Patches for the steps ingested since the state's last step (figures map to None
     when unchanged), the advanced state, and a new banner when alerts arrived."""
     run_id, last = state["run_id"], state["last_step"]
-    scalars = reader.read_scalars(run_id, keys=state["keys"], downsample=ALL_POINTS,
-                                  since_step=last + 1)
+    frame = reader.read_scalars(run_id, keys=state["keys"], downsample=ALL_POINTS,
+                                since_step=last + 1)
+    scalars = F.by_key(frame)
     hist = reader.read_histograms(run_id, "entropy", downsample=ALL_POINTS,
                                   since_step=state["last_hist_step"] + 1)
     alerts = reader.read_alerts(run_id)
@@ -135,15 +180,19 @@ def tick_run(reader, state: dict, controls: Controls) -> dict:
     forecast = F.latest_forecast(alerts)
     if forecast != state["forecast"]:
         out["redraw"] = True          # a new forecast moves shapes and the x-range: redraw
+    quiet = frame.empty and hist.empty and not len(new_alerts)
     for name, plan in state["plans"].items():
+        if quiet:                     # nothing new: the common tick, keep it cheap
+            out["figures"][name] = None
+            continue
         patch, plan = extend_patch(plan, scalars, last_step=last, smoothing=controls.smoothing,
                                    x_axis=controls.x_axis,
                                    hist=hist if name == "heatmap" else None,
                                    new_alerts=new_alerts if name == "entropy" else None)
         out["figures"][name] = patch
         state["plans"][name] = plan
-    if not scalars.empty:
-        state["last_step"] = max(last, int(scalars["step"].max()))
+    if not frame.empty:
+        state["last_step"] = max(last, int(frame["step"].max()))
     if not hist.empty:
         state["last_hist_step"] = max(state["last_hist_step"], int(hist["step"].max()))
     if len(new_alerts):

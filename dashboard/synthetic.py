@@ -36,8 +36,8 @@ def token_entropies(rng: np.random.Generator, n: int, step: int, steps: int,
 
 
 def step_records(rng: np.random.Generator, step: int, steps: int, *, strategy: str = "fork",
-                 collapse: bool = True, groups: int = 2, group_size: int = 8,
-                 token_samples: int = 4, hist_tokens: int = 2000,
+                 collapse: bool = True, groups: int = 4, group_size: int = 4,
+                 token_samples: int = 16, hist_tokens: int = 2000,
                  wall_time: float | None = None) -> Records:
     """All records of one step: scalars, the entropy histogram, samples and token rows."""
     h = token_entropies(rng, hist_tokens, step, steps, collapse)

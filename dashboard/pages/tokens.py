@@ -93,11 +93,8 @@ def prompt_history(reader, run_id: str, prompt: str | None, metric: str,
             continue
         if prompt and not samples.empty:
             ids = samples.loc[samples["prompt"] == prompt, "sample_id"]
-            if len(ids):
-                matched += 1
-                tokens = tokens[tokens["sample_id"].isin(ids)]
-            else:
-                tokens = tokens.iloc[:0]
+            tokens = tokens[tokens["sample_id"].isin(ids)]
+            matched += int(not tokens.empty)
         parts.append(tokens[["step", "pos", metric]])
     if prompt and matched < MIN_PROMPT_STEPS:
         return prompt_history(reader, run_id, None, metric, max_steps)
