@@ -215,11 +215,18 @@ def main() -> int:
         from dashboard.app import create_dash
         from dashboard.pages.tokens import prompt_history, render_step
 
+        from dashboard import run_view
+
         app = create_dash(store.reader)
         reader = store.reader
+
+        def cold(i: int) -> None:           # first open of the run: every read from DuckDB
+            run_view._CACHE.clear()
+            draw_run(reader, run_id, Controls())
+        draw_cold = p95_ms(cold, max(3, args.repeats // 5))
         smoothings = (0.0, 0.6, 0.9, 0.95)
         draw = p95_ms(lambda i: draw_run(reader, run_id, Controls(smoothing=smoothings[i % 4])),
-                      args.repeats)
+                      args.repeats)         # a control change: cached frames + new steps
         state = draw_run(reader, run_id, Controls())["state"]
         full = draw_run(reader, run_id, Controls())
         full_bytes = len(json.dumps(full["figures"], default=str))
@@ -243,6 +250,7 @@ def main() -> int:
         picks = np.random.default_rng(2).choice(len(steps), args.repeats, replace=False)
         tokens = p95_ms(lambda i: render_step(reader, run_id, steps[picks[i]], "0",
                                               ("entropy", "js")[i % 2]), args.repeats)
+        token_steps = p95_ms(lambda i: reader.token_steps(run_id), max(3, args.repeats // 5))
         history = p95_ms(lambda i: prompt_history(reader, run_id, "12+35=", "entropy"),
                          max(3, args.repeats // 4))
         http = dash_http(app, run_id, args.repeats)
@@ -250,6 +258,9 @@ def main() -> int:
     print(json.dumps({
         "run": {"steps": args.steps, "rows": counts, "seed_seconds": {k: round(v, 2)
                                                                       for k, v in took.items()}},
+        "run_page_first_open": {**draw_cold, "target_ms": TARGET_CALLBACK_MS,
+                                "p95_over_target": round(draw_cold["p95_ms"] /
+                                                         TARGET_CALLBACK_MS, 2)},
         "run_page_draw": {**draw, "target_ms": TARGET_CALLBACK_MS,
                           "p95_over_target": round(draw["p95_ms"] / TARGET_CALLBACK_MS, 2),
                           "full_figures_bytes": full_bytes},
@@ -261,6 +272,7 @@ def main() -> int:
         "tokens_page": {**tokens, "target_ms": TARGET_CALLBACK_MS,
                         "p95_over_target": round(tokens["p95_ms"] / TARGET_CALLBACK_MS, 2)},
         "tokens_history_heatmap": history,
+        "tokens_page_step_list": token_steps,
         "ingest_to_visible": visible,
     }, indent=2))
     tmp.cleanup()

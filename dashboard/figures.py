@@ -305,8 +305,17 @@ def entropy_figure(scalars: pd.DataFrame, *, alerts: pd.DataFrame | None = None,
                      yaxis={"title": {"text": "nats"}, "rangemode": "tozero"},
                      yaxis2={"title": {"text": "JS (nats)"}, "overlaying": "y", "side": "right",
                              "rangemode": "tozero", "showgrid": False,
-                             "type": "log" if log_y else "linear"})
+                             "type": "log" if log_y else "linear", **_js_range(js, log_y)})
     return {"data": data, "layout": layout}
+
+
+def _js_range(js: pd.DataFrame, log_y: bool) -> dict:
+    # JS is small next to H: keep it in the lower half of the chart so the entropy curve
+    # stays what the eye reads first
+    top = js["value"].max() if len(js) else None
+    if log_y or top is None or not np.isfinite(top) or top <= 0:
+        return {}
+    return {"range": [0, 2.2 * float(top)], "autorange": False}
 
 
 def alert_text(alert: dict) -> str:

@@ -31,7 +31,7 @@ class Controls:
     smoothing: float = 0.6
     x_axis: str = "step"
     log_y: bool = False
-    max_points: int = 2000
+    max_points: int = 1000            # TensorBoard's default bound per series
     custom_keys: tuple[str, ...] = ()
 
     @classmethod

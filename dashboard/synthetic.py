@@ -29,7 +29,7 @@ def token_entropies(rng: np.random.Generator, n: int, step: int, steps: int,
                     collapse: bool = True) -> np.ndarray:
     """n token entropies: a share near zero (grows as the run collapses), the rest gamma."""
     progress = step / max(steps, 1) if collapse else 0.0
-    near_zero = rng.random(n) < 0.45 + 0.5 * progress
+    near_zero = rng.random(n) < 0.3 + 0.68 * (1 - math.exp(-4 * progress))
     low = np.exp(rng.normal(math.log(0.003), 1.0, n))
     spread = rng.gamma(1.5, entropy_at(step, steps, collapse) / 1.5, n)
     return np.minimum(np.where(near_zero, low, spread), math.log(311))

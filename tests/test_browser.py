@@ -25,7 +25,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 RUN, OTHER = "grpo-collapse", "fork-20pct"
-STEPS, OF_TOTAL = 110, 300            # mid-collapse: the forecast lies ahead of the curve
+STEPS, OF_TOTAL = 80, 400             # mid-collapse: the forecast lies ahead of the curve
 XSS_STEP = STEPS                      # one extra step whose model text is hostile
 PAYLOADS = ('<script>window.__xss=1</script>', '<img src=x onerror="window.__xss=1">')
 
@@ -55,7 +55,7 @@ def served(tmp_path_factory):
     db = tmp_path_factory.mktemp("dash") / "runs.duckdb"
     with Store(str(db)) as store:
         seed_run(store, RUN, STEPS, strategy="all", collapse=True, seed=1, steps_total=OF_TOTAL)
-        other = seed_run(store, OTHER, 40, strategy="fork", collapse=False, seed=2)
+        other = seed_run(store, OTHER, 20, strategy="fork", collapse=False, seed=2)
         store.update_run(other, status="finished")
         store.write(RUN, _xss_records(), batch_id="xss").result()
     with ServeProcess(db, dashboard=True) as srv:
@@ -63,26 +63,28 @@ def served(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser(served):
+def context(served):
+    """One browser context for the module: its cache keeps Dash's bundles between tests."""
     from playwright.sync_api import sync_playwright
 
     _, chromium = served
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        yield b
+        ctx = b.new_context(viewport={"width": 1400, "height": 1000})
+        yield ctx
+        ctx.close()
         b.close()
 
 
 @pytest.fixture()
-def page(browser):
+def page(context):
     """A fresh page that records console errors and uncaught exceptions."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
     pg = context.new_page()
     pg.errors = []
     pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))
     yield pg
-    context.close()
+    pg.close()
 
 
 def shots_dir(tmp_path: Path) -> Path:
@@ -134,6 +136,18 @@ def test_every_page_loads_without_console_errors(served, page):
     assert RUN in table and OTHER in table and "finished" in table
 
 
+def test_runs_page_lists_runs_and_opens_one(served, page, tmp_path):
+    srv, _ = served
+    page.goto(srv.url + "/")
+    page.wait_for_selector("#runs-table td")
+    rows = page.inner_text("#runs-table")
+    assert "critical" in rows or "warning" in rows          # the collapse run's alerts
+    page.screenshot(path=str(shots_dir(tmp_path) / "runs.png"))
+    page.click(f"#runs-table td[data-dash-column=name] >> text={RUN}")
+    page.wait_for_url(f"**/run?run={RUN}", timeout=10_000)
+    wait_graph(page, "run-entropy")
+
+
 def test_run_page_charts_hold_the_stored_points(served, page, tmp_path):
     srv, _ = served
     page.goto(f"{srv.url}/run?run={RUN}")
@@ -182,6 +196,20 @@ def test_step_ingested_while_open_appears_within_2s(served, page):
     assert after["x"][-1] == step and after["y"][-1] == pytest.approx(value)
     assert after["x"][:-1] == before["x"]               # appended, not replaced
     assert page.evaluate("window.__same_page") == 1     # no reload
+    # paused: a new step stays out until the user resumes
+    page.click("#run-pause")
+    page.wait_for_function("document.querySelector('#run-pause').innerText.includes('Resume')")
+    batch = {"batch_id": "live-2", "scalars": [
+        {"step": step + 1, "key": "entropy/mean", "value": 0.2}]}
+    assert httpx.post(f"{srv.url}/api/runs/{RUN}/ingest", json=batch).status_code == 200
+    time.sleep(2.0)
+    assert step + 1 not in graph_trace(page, "run-entropy", "entropy/mean")["x"]
+    page.click("#run-pause")
+    page.wait_for_function("""([step]) => {
+        const gd = document.querySelector('#run-entropy .js-plotly-plot');
+        const t = gd.data.find(t => t.meta && t.meta.key === 'entropy/mean'
+                                    && t.meta.role === 'raw');
+        return Array.from(t.x).includes(step); }""", arg=[step + 1], timeout=5_000)
 
 
 def test_tokens_view_shows_one_span_per_token_with_fork_marks(served, page, tmp_path):

@@ -48,9 +48,9 @@ def layout(run: str | None = None, **_query) -> html.Div:
                       dcc.Checklist(id="run-logy", options=[{"label": " log y", "value": "log"}],
                                     value=[], inline=True)], className="control"),
             html.Div([html.Label("points per series"),
-                      dcc.Dropdown(id="run-points", clearable=False, value=2000,
+                      dcc.Dropdown(id="run-points", clearable=False, value=1000,
                                    options=[{"label": str(n), "value": n}
-                                            for n in (500, 2000, 10000)]
+                                            for n in (500, 1000, 5000, 20000)]
                                    + [{"label": "all", "value": "all"}])],
                      className="control"),
         ]),
