@@ -26,6 +26,8 @@ log = logging.getLogger("forksight.client")
 DEFAULT_URL = "http://127.0.0.1:8050"
 DEFAULT_DB = "forksight.duckdb"
 SPOOL_ROOT = Path(".forksight") / "spool"
+MAX_SERVER_ERRORS = 20   # a batch the collector keeps failing on (5xx) must not block the rest
+MAX_BACKOFF_S = 2.0      # a refused connect costs nothing; a collector back up is found within 2 s
 
 
 # ---------------------------------------------------------------------------- shared
@@ -272,6 +274,7 @@ class HttpSink(_Sink):
                                   timeout=httpx.Timeout(60.0, connect=2.0))
         self.sent_rows = 0                 # token/scalar/... rows the collector acknowledged
         self.rejected: list[str] = []      # messages of batches the collector refused (4xx)
+        self._server_errors: dict[str, int] = {}
         self._run_meta = {"name": run, "project": project, "strategy": strategy, "model": model,
                           "config": config}
         self.run_id = self._open_run(run, rank)
@@ -388,6 +391,11 @@ class HttpSink(_Sink):
             self._wake.wait(self.flush_interval)
             self._wake.clear()
             try:
+                # while the collector is down, batch up until the next retry: a few big spool
+                # files replay much faster than one tiny file per tick
+                down = time.monotonic() < self._next_try and self.spooled()
+                if down and self._buf_rows < self.max_batch_rows:
+                    continue
                 self._take_buffers()
                 self._pump()
                 if time.monotonic() - self._last_contact > self.heartbeat_interval:
@@ -450,7 +458,7 @@ class HttpSink(_Sink):
 
     def _retry_later(self) -> None:
         self._next_try = time.monotonic() + self._backoff
-        self._backoff = min(self._backoff * 2, 10.0)
+        self._backoff = min(self._backoff * 2, MAX_BACKOFF_S)
 
     def _spool_outbox(self) -> None:
         while True:
@@ -514,6 +522,14 @@ class HttpSink(_Sink):
                 self.rejected.append(message)
                 log.error("forksight: collector refused %s", message)
                 return True                  # retrying cannot help; do not block the rest
+            if resp is not None:               # the collector answers but fails (5xx): not forever
+                failures = self._server_errors[item.batch_id] = self._server_errors.get(item.batch_id, 0) + 1
+                if failures >= MAX_SERVER_ERRORS:
+                    message = f"{item.kind} batch {item.batch_id}: gave up after {failures} answers " \
+                              f"{resp.status_code} {resp.text[:300]}"
+                    self.rejected.append(message)
+                    log.error("forksight: %s", message)
+                    return True
             if attempt + 1 < retries:
                 time.sleep(delay)
                 delay *= 2

@@ -13,7 +13,7 @@ import duckdb
 import httpx
 import numpy as np
 
-from collector_util import REPO, ServeProcess, free_port
+from collector_util import REPO, InProcessCollector, ServeProcess, free_port
 from monitor.client import HttpSink, open_sink
 
 WORKER = r"""
@@ -80,30 +80,35 @@ def test_collector_killed_mid_ingest_loses_nothing_acknowledged_and_the_spool_de
             acked.append(item.batch_id)
         return ok
     sink._send = recording_send
-    steps, rows, stop = 150, 400, threading.Event()
-    logged = {"steps": 0}
+    rows, restarted, logged = 400, threading.Event(), {"steps": 0, "at_restart": None}
 
-    def train():
-        for step in range(steps):
+    def train():                               # logs on through the outage and 20 steps past it
+        step = 0
+        while not (restarted.is_set() and step >= logged["at_restart"] + 20):
             sink.log_scalars(step, {"entropy/mean": 1.0})
             sink.log_tokens(step, {"sample_id": np.zeros(rows, int), "pos": np.arange(rows),
                                    "entropy": np.ones(rows, np.float32)})
-            logged["steps"] = step + 1
+            step += 1
+            logged["steps"] = step
             time.sleep(0.01)
-        stop.set()
     trainer = threading.Thread(target=train)
     trainer.start()
     while len(acked) < 5:                      # mid-ingest: some batches are in
         time.sleep(0.01)
     server.kill()
     acked_before_kill = list(acked)
-    time.sleep(1.0)                            # the trainer keeps logging; the sink spools
-    assert sink.spooled() > 0 and not stop.is_set()
+    deadline = time.monotonic() + 30
+    while sink.spooled() < 3 and time.monotonic() < deadline:   # the sink spools meanwhile
+        time.sleep(0.05)
+    assert sink.spooled() >= 3
     server = ServeProcess(db, port=port).start()
+    logged["at_restart"] = logged["steps"]
+    restarted.set()
     trainer.join()
     assert sink.flush(60) and sink.spooled() == 0
     sink.finish()
     server.stop()
+    steps = logged["steps"]
     (tokens, distinct), scalars, batches = _stored(db, "crash")
     assert tokens == distinct == steps * rows          # rows in == rows stored, none twice
     assert scalars == steps
@@ -118,7 +123,7 @@ def test_collector_not_there_yet_the_run_and_its_batches_wait_in_the_spool(tmp_p
     for step in range(5):
         sink.log_scalars(step, {"reward/mean": step / 10})
     assert not sink.flush(0.5) and sink.spooled() >= 2        # the run creation + data
-    with ServeProcess(tmp_path / "l.duckdb", port=port) as server:
+    with InProcessCollector(tmp_path / "l.duckdb", port=port) as server:
         assert sink.flush(60)
         sink.finish()
         got = httpx.get(f"{server.url}/api/runs/late/scalars").json()

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from collector_util import REPO, ServeProcess, free_port
+from collector_util import REPO, InProcessCollector, ServeProcess, free_port
 from monitor.client import open_sink
 from monitor.schema import ARROW_MEDIA_TYPE, MAX_BODY_BYTES, MAX_SCALAR_ROWS
 
@@ -274,8 +274,8 @@ def test_export_cli_writes_hive_parquet_duckdb_reads_back(tmp_path):
     assert unknown.returncode == 1 and "runs there: exp" in unknown.stderr
 
 
-def test_token_auth_refuses_missing_or_wrong_token(tmp_path):
-    with ServeProcess(tmp_path / "t.duckdb", token="s3cret-token") as server:
+def test_token_auth_refuses_missing_or_wrong_token(tmp_path, monkeypatch, capsys):
+    with InProcessCollector(tmp_path / "t.duckdb", token="s3cret-token") as server:
         assert httpx.get(f"{server.url}/api/health").status_code == 401
         wrong = httpx.get(f"{server.url}/api/runs", headers={"Authorization": "Bearer s3cret-tokeX"})
         assert wrong.status_code == 401 and "wrong token" in wrong.json()["detail"]
@@ -288,9 +288,8 @@ def test_token_auth_refuses_missing_or_wrong_token(tmp_path):
         sink.log_scalars(0, {"a": 1.0})
         sink.finish()
         assert sink.rejected == [] and sink.sent_rows == 1
-    port = free_port()
-    open_bind = subprocess.run([sys.executable, "-m", "monitor.cli", "serve", "--db", str(tmp_path / "o.duckdb"),
-                                "--host", "0.0.0.0", "--port", str(port)], cwd=REPO, capture_output=True,
-                               text=True, timeout=60, env={k: v for k, v in __import__("os").environ.items()
-                                                           if k != "FORKSIGHT_TOKEN"})
-    assert open_bind.returncode == 2 and "--token" in open_bind.stderr
+    from monitor.cli import main
+
+    monkeypatch.delenv("FORKSIGHT_TOKEN", raising=False)
+    assert main(["serve", "--db", str(tmp_path / "o.duckdb"), "--host", "0.0.0.0", "--port", str(free_port())]) == 2
+    assert "--token" in capsys.readouterr().err and not (tmp_path / "o.duckdb").exists()
