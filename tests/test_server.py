@@ -293,3 +293,14 @@ def test_token_auth_refuses_missing_or_wrong_token(tmp_path, monkeypatch, capsys
     monkeypatch.delenv("FORKSIGHT_TOKEN", raising=False)
     assert main(["serve", "--db", str(tmp_path / "o.duckdb"), "--host", "0.0.0.0", "--port", str(free_port())]) == 2
     assert "--token" in capsys.readouterr().err and not (tmp_path / "o.duckdb").exists()
+
+
+def test_dashboard_mounts_at_root_behind_the_api_and_the_token(tmp_path):
+    with InProcessCollector(tmp_path / "d.duckdb", dashboard=True, token="tok") as server:
+        assert httpx.get(f"{server.url}/").status_code == 401
+        with httpx.Client(base_url=server.url, timeout=30) as browser:
+            page = browser.get("/", params={"token": "tok"})
+            assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+            assert browser.get("/_dash-layout").status_code == 200          # the cookie carries on
+            assert browser.get("/api/health").json()["service"] == "forksight"
+            assert "/api/runs" in browser.get("/openapi.json").json()["paths"]
