@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import threading
 import time
 from pathlib import Path
@@ -31,6 +32,11 @@ from monitor.detectors import (
 __all__ = ["Alert", "AlertConfig", "AlertMonitor", "AlertHub", "load_alert_config", "ALERT_COLUMNS"]
 
 logger = logging.getLogger("forksight.alerts")
+
+# read by AlertHub() when not given explicitly: the collector builds its hub with no arguments,
+# so these reach `forksight serve`, the embedded collector and Docker without new flags
+ENV_CONFIG = "FORKSIGHT_ALERTS_CONFIG"    # path of a YAML/JSON alert config
+ENV_WEBHOOK = "FORKSIGHT_WEBHOOK_URL"     # Slack-compatible webhook URL
 
 # columns of the `alerts` table, in order (DESIGN.md "Store" + action)
 ALERT_COLUMNS = ("run_id", "step", "wall_time", "detector", "severity", "message", "value",
@@ -233,6 +239,11 @@ class AlertHub:
     """What the collector holds: one AlertMonitor per run, and the sinks every alert goes to."""
 
     def __init__(self, config: AlertConfig | None = None, webhook_url: str | None = None) -> None:
+        """config / webhook_url default to $FORKSIGHT_ALERTS_CONFIG / $FORKSIGHT_WEBHOOK_URL when set."""
+        if config is None and os.environ.get(ENV_CONFIG):
+            config = load_alert_config(os.environ[ENV_CONFIG])
+        if webhook_url is None:
+            webhook_url = os.environ.get(ENV_WEBHOOK) or None
         self.config = config or AlertConfig()
         self._monitors: dict[str, AlertMonitor] = {}
         self._lock = threading.Lock()  # ingest may call from several request threads

@@ -341,6 +341,21 @@ def test_webhook_never_blocks_on_step_and_drops_when_its_queue_is_full(receiver)
     assert len(handler.bodies) == accepted.count(True) == sink.sent
 
 
+def test_hub_reads_config_and_webhook_from_the_environment(receiver, tmp_path, monkeypatch):
+    handler, url = receiver
+    path = tmp_path / "alerts.json"
+    path.write_text(json.dumps({"fork": {"floor": 0.5, "max_baseline_fraction": 1.0, "smoothing": 0}}))
+    monkeypatch.setenv("FORKSIGHT_ALERTS_CONFIG", str(path))
+    monkeypatch.setenv("FORKSIGHT_WEBHOOK_URL", url)
+    hub = AlertHub()                                           # what the collector's store builds
+    fracs = [0.6] * 10 + [0.4] * 2                             # 0.4 < the configured floor 0.5
+    rows = [r for step, f in enumerate(fracs) for r in hub.on_step("env", step, {"fork/frac": f})]
+    hub.close()
+    assert hub.config.fork.floor == 0.5
+    assert [(r["detector"], r["step"], r["threshold"]) for r in rows] == [("fork_starvation", 10, 0.5)]
+    assert [b["alert"]["step"] for b in handler.bodies] == [10]
+
+
 @pytest.mark.parametrize("url,fragment", [("ftp://example.com/x", "http:// or https://"),
                                           ("hooks.slack.com/services/x", "http:// or https://"),
                                           ("http://", "no host"), ("", "empty")])
