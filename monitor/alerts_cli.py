@@ -78,16 +78,19 @@ def write_rows(store, run_id: str, rows: list[dict]) -> int:
     return store.call(replace)
 
 
+def _number(value) -> str:
+    return f"{value:10.4g}" if isinstance(value, (int, float)) else " " * 10
+
+
 def format_table(rows: list[dict]) -> str:
     """One header line per alert, then its message and action, indented."""
     if not rows:
         return "no alerts"
     out = [f"{'step':>7}  {'severity':8}  {'detector':17}  {'value':>10}  {'threshold':>10}  forecast"]
     for r in rows:
-        num = lambda v: f"{v:10.4g}" if isinstance(v, (int, float)) else f"{'':10}"  # noqa: E731
         fc = str(r["forecast"]) if r.get("forecast") is not None else "-"
-        out.append(f"{r['step']:>7}  {r['severity']:8}  {r['detector']:17}  {num(r.get('value'))}  "
-                   f"{num(r.get('threshold'))}  {fc}")
+        out.append(f"{r['step']:>7}  {r['severity']:8}  {r['detector']:17}  {_number(r.get('value'))}  "
+                   f"{_number(r.get('threshold'))}  {fc}")
         out.append(f"         {r['message']}")
         out.append(f"         action: {r['action']}")
     return "\n".join(out)
