@@ -31,29 +31,63 @@ MAX_BACKOFF_S = 2.0      # a refused connect costs nothing; a collector back up 
 
 
 # ---------------------------------------------------------------------------- shared
+def _warn_once(warned: set, what: str, message: str, *args) -> None:
+    if what not in warned:
+        warned.add(what)
+        log.warning(message, *args)
+
+
 def _finite_scalars(step: int, values: Mapping[str, Any], weight, warned: set) -> list[dict]:
-    # a NaN loss must not crash training, and the store refuses NaN: drop it and say so once
+    # a NaN loss must not crash training, nor cost the step's other numbers (the collector
+    # refuses a whole batch with one bad value): drop what cannot be stored, say so once
+    from monitor.schema import MAX_KEY_CHARS
+
     rows, now = [], time.time()
+    weight = None if weight is None else float(weight.item() if hasattr(weight, "item") else weight)
+    if weight is not None and not (math.isfinite(weight) and weight >= 0):
+        _warn_once(warned, "weight", "scalar weight %s at step %s is not a finite count >= 0: ignored", weight, step)
+        weight = None
     for key, value in values.items():
+        key = str(key)
         value = float(value.item() if hasattr(value, "item") else value)
         if not math.isfinite(value):
-            if key not in warned:
-                warned.add(key)
-                log.warning("scalar %r is %s at step %s: not stored (the store keeps finite numbers only)",
-                            key, value, step)
+            _warn_once(warned, key, "scalar %r is %s at step %s: not stored (the store keeps finite numbers only)",
+                       key, value, step)
             continue
-        rows.append({"step": int(step), "key": str(key), "value": value,
-                     "weight": None if weight is None else float(weight), "wall_time": now})
+        if not key or len(key) > MAX_KEY_CHARS:
+            _warn_once(warned, key, "scalar key %r is empty or over %d characters: not stored", key[:80], MAX_KEY_CHARS)
+            continue
+        rows.append({"step": int(step), "key": key, "value": value, "weight": weight, "wall_time": now})
     return rows
 
 
-def _sample_rows(step: int, rows: Sequence[Mapping[str, Any]]) -> list[dict]:
+_SAMPLE_FIELDS = ("sample_id", "group_id", "prompt", "completion", "reward", "correct", "length", "source")
+
+
+def _sample_rows(step: int, rows: Sequence[Mapping[str, Any]], warned: set) -> list[dict]:
+    """Sample dicts -> storable rows: known fields only, numbers finite, text within the limits."""
+    from monitor.schema import MAX_SHORT_CHARS, MAX_TEXT_CHARS
+
+    limits = {"prompt": MAX_TEXT_CHARS, "completion": MAX_TEXT_CHARS, "source": MAX_SHORT_CHARS}
     out = []
     for i, row in enumerate(rows):
-        row = {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
-        row.setdefault("sample_id", i)
-        row["step"] = int(step)
-        out.append(row)
+        extra = set(row) - set(_SAMPLE_FIELDS) - {"step"}
+        if extra:
+            _warn_once(warned, "sample-fields", "sample fields %s are not stored (known: %s)", sorted(extra),
+                       ", ".join(_SAMPLE_FIELDS))
+        clean: dict[str, Any] = {"step": int(step)}
+        for name in _SAMPLE_FIELDS:
+            value = row.get(name, i if name == "sample_id" else None)
+            value = value.item() if hasattr(value, "item") else value
+            if isinstance(value, float) and not math.isfinite(value):
+                _warn_once(warned, f"sample-{name}", "sample %s is %s at step %s: stored as null", name, value, step)
+                value = None
+            if name in limits and isinstance(value, str) and len(value) > limits[name]:
+                _warn_once(warned, f"sample-{name}-long", "sample %s over %d characters: truncated",
+                           name, limits[name])
+                value = value[:limits[name]]
+            clean[name] = value
+        out.append(clean)
     return out
 
 
@@ -208,7 +242,7 @@ class LocalSink(_Sink):
         from monitor.store import samples_table
 
         if rows:
-            self._submit(samples=samples_table(_sample_rows(step, rows), self.rank))
+            self._submit(samples=samples_table(_sample_rows(step, rows, self._warned), self.rank))
 
     def log_histogram(self, step: int, key: str, counts, edges) -> None:
         from monitor.store import histograms_table
@@ -344,7 +378,7 @@ class HttpSink(_Sink):
         self._append("tokens", [table], table.num_rows)
 
     def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
-        rows = _sample_rows(step, rows)
+        rows = _sample_rows(step, rows, self._warned)
         self._append("samples", rows, len(rows))
 
     def log_histogram(self, step: int, key: str, counts, edges) -> None:

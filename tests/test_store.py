@@ -263,3 +263,18 @@ def test_the_hub_sees_each_complete_step_once_merged_like_the_reader(tmp_path):
             for key in want:
                 assert seen[key] == pytest.approx(want[key], rel=1e-12)
             assert seen["entropy/p50"] != 9.9                        # from the merged histogram
+
+
+def test_sink_keeps_a_steps_good_numbers_when_some_cannot_be_stored(tmp_path, caplog):
+    sink = open_sink("lenient", db=str(tmp_path / "a.duckdb"))
+    sink.log_scalars(0, {"loss": float("nan"), "k" * 300: 1.0, "entropy/mean": 0.75}, weight=np.int64(12))
+    sink.log_samples(0, [{"prompt": "p", "completion": "c" * 70_000, "reward": float("inf"),
+                          "correct": np.bool_(True), "advantage": 0.3}])
+    sink.flush()
+    sc = sink.reader.read_scalars(sink.run_id)
+    assert sc[["key", "value"]].values.tolist() == [["entropy/mean", 0.75]]
+    smp = sink.reader.read_samples(sink.run_id).iloc[0]
+    assert len(smp.completion) == 64 * 1024 and pd.isna(smp.reward) and smp.correct == True  # noqa: E712
+    text = caplog.text
+    assert "'loss' is nan" in text and "over 200 characters" in text and "['advantage']" in text
+    sink.finish()
