@@ -145,7 +145,7 @@ def dash_http(app, run_id: str, repeats: int) -> dict:
                            {"id": "run-smoothing", "property": "value", "value": 0.5 + i % 4 / 10},
                            {"id": "run-xaxis", "property": "value", "value": "step"},
                            {"id": "run-logy", "property": "value", "value": []},
-                           {"id": "run-points", "property": "value", "value": 2000},
+                           {"id": "run-points", "property": "value", "value": 1000},
                            {"id": "run-custom-keys", "property": "value", "value": []}]}
         response = client.post("/_dash-update-component", json=body)
         assert response.status_code == 200, response.data[:500]
@@ -266,7 +266,9 @@ def main() -> int:
                           "full_figures_bytes": full_bytes},
         "run_page_draw_http": {**http, "p95_over_target": round(http["p95_ms"] /
                                                                  TARGET_CALLBACK_MS, 2)},
-        "run_page_tick": {**tick, "tick_over_draw_p50": round(tick["p50_ms"] / draw["p50_ms"], 3),
+        "run_page_tick": {**tick,
+                          "tick_over_first_open_p50": round(tick["p50_ms"] /
+                                                            draw_cold["p50_ms"], 3),
                           "patch_over_full_bytes": round(tick["entropy_patch_bytes"] /
                                                          full_bytes, 5)},
         "tokens_page": {**tokens, "target_ms": TARGET_CALLBACK_MS,

@@ -144,12 +144,16 @@ def pass_keys(keys: Sequence[str]) -> list[str]:
     return [k for _, k in sorted(found)]
 
 
-def sparkline(values: Sequence[float], width: int = 24) -> str:
-    """Unicode block sparkline of the last `width` values (plain text: safe in any cell)."""
+def sparkline(values: Sequence[float], width: int = 24, floor: float | None = 0.0) -> str:
+    """Unicode block sparkline of the last `width` values (plain text: safe in any cell).
+    The scale starts at `floor` (0 for entropy) so a flat run looks flat and a collapse
+    looks like one; floor=None scales min..max."""
     vals = np.asarray([v for v in values if v is not None and not math.isnan(v)], float)[-width:]
     if len(vals) == 0:
         return ""
     lo, hi = float(vals.min()), float(vals.max())
+    if floor is not None:
+        lo = min(lo, floor)
     if hi - lo < 1e-12:
         return SPARK_CHARS[3] * len(vals)
     idx = np.round((vals - lo) / (hi - lo) * (len(SPARK_CHARS) - 1)).astype(int)

@@ -34,6 +34,10 @@ class Controls:
     max_points: int = 1000            # TensorBoard's default bound per series
     custom_keys: tuple[str, ...] = ()
 
+    def key(self) -> list:
+        """What a drawn figure depends on: a tick for other controls must not patch it."""
+        return [self.smoothing, self.x_axis, self.max_points, list(self.custom_keys)]
+
     @classmethod
     def from_inputs(cls, smoothing, x_axis, log_y, max_points, custom_keys) -> "Controls":
         """Build from raw callback inputs, validating each (a clear error says which)."""
@@ -157,6 +161,7 @@ def draw_run(reader, run_id: str, controls: Controls) -> dict:
     last = int(frame["step"].max()) if not frame.empty else -1
     last_hist = int(hist["step"].max()) if not hist.empty else -1
     state = {"run_id": run_id, "last_step": last, "last_hist_step": last_hist,
+             "controls": controls.key(),
              "alerts_seen": len(alerts), "forecast": F.latest_forecast(alerts),
              "keys": wanted, "plans": {name: trace_plan(fig) for name, fig in figures.items()}}
     return {"figures": figures, "state": state, "banner": banner(alerts), "run": run,

@@ -90,6 +90,9 @@ def test_series_downsampled_keeps_first_and_last_step():
 def test_sparkline_follows_the_values():
     line = F.sparkline([0, 1, 2, 3, 4, 5, 6, 7])
     assert line == F.SPARK_CHARS and F.sparkline([]) == ""
+    # from a floor of 0, a nearly flat run stays high and flat; min..max magnifies noise
+    assert set(F.sparkline([1.0, 1.02, 0.99, 1.01])) == {"█"}
+    assert F.sparkline([1.0, 1.02, 0.99], floor=None)[2] == "▁"
 
 
 # ---------------------------------------------------------------- run page figures

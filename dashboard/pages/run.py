@@ -102,6 +102,8 @@ def register(app: dash.Dash) -> None:
             return (no_update,) * (len(GRAPHS) + 3)
         reader = data.reader()
         ctl = Controls.from_inputs(smoothing, x_axis, log_y, points, custom)
+        if state.get("controls") != ctl.key():  # a redraw for new controls is in flight
+            return (no_update,) * (len(GRAPHS) + 3)
         out = tick_run(reader, state, ctl)
         if out["redraw"]:                       # a new forecast: redraw once
             full = draw_run(reader, state["run_id"], ctl)
