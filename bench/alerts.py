@@ -107,7 +107,7 @@ def evaluate(reader, run_id: str) -> dict:
     steps, rows = stored_series(reader, run_id)
     entropy = [r["entropy/mean"] for r in rows]
     truth_index = ground_truth(np.asarray(entropy))
-    out = {"run": run_id, "steps": len(steps),
+    out = {"run": run_id, "steps": len(steps), "initial_entropy": float(np.mean(entropy[:10])),
            "ground_truth_step": steps[truth_index] if truth_index is not None else None}
     out.update(ours(steps, rows))
     out.update(rlwatch_rule(steps, entropy))
@@ -147,6 +147,20 @@ def cost_per_step(steps: int = 10_000) -> dict:
 
 
 # ---------------------------------------------------------------------------- main
+def _subset(results: list[dict], above: bool) -> dict:
+    chosen = [r for r in results if (r["initial_entropy"] >= 1.0) == above]
+    ours_leads = [r["lead"] for r in chosen if r["lead"] is not None]
+    rl_leads = [r["rlwatch_lead"] for r in chosen if r["rlwatch_lead"] is not None]
+    return {"runs": len(chosen),
+            "ours_lead_median": statistics.median(ours_leads) if ours_leads else None,
+            "ours_lead_min": min(ours_leads, default=None),
+            "rlwatch_lead_median": statistics.median(rl_leads) if rl_leads else None,
+            "rlwatch_lead_min": min(rl_leads, default=None),
+            "rlwatch_late_or_missed": sum(r["rlwatch_lead"] is None or r["rlwatch_lead"] < 0 for r in chosen),
+            "rlwatch_fired_before_onset": sum(r["rlwatch_step"] is not None and r["rlwatch_step"] < r["onset"]
+                                              for r in chosen if r.get("onset") is not None)}
+
+
 def summary(results: list[dict], healthy_results: list[dict]) -> dict:
     leads = [r["lead"] for r in results if r["lead"] is not None]
     missed = sum(r["lead"] is None for r in results)
@@ -167,6 +181,10 @@ def summary(results: list[dict], healthy_results: list[dict]) -> dict:
                                "median": statistics.median(rl_leads) if rl_leads else None,
                                "max": max(rl_leads, default=None)},
         "rlwatch_missed": sum(r["rlwatch_lead"] is None for r in results),
+        # rlwatch's absolute 1.0-nat threshold: on runs that start below it, it "detects" at
+        # warm-up + 50 steps whatever happens, so compare both on runs starting above 1 nat
+        "runs_starting_above_1_nat": _subset(results, above=True),
+        "runs_starting_below_1_nat": _subset(results, above=False),
         "healthy_runs": len(healthy_results),
         "healthy_false_alarms_any_detector": sum(bool(r["detectors"]) for r in healthy_results),
         "healthy_false_alarms_collapse": sum(r["first_collapse_step"] is not None for r in healthy_results),
@@ -206,7 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         store.flush()
         results, healthy_results = [], []
         for run_id, name in tqdm(names, desc="detect", file=sys.stderr):
-            (healthy_results if name.startswith("healthy") else results).append(evaluate(store.reader, run_id))
+            result = evaluate(store.reader, run_id)
+            if name.startswith("healthy"):
+                healthy_results.append(result)
+            else:
+                result["onset"] = int(name.rsplit("-on", 1)[1])
+                results.append(result)
         store.close()
 
     report = {"synthetic": summary(results, healthy_results), "cost": cost_per_step()}
