@@ -5,8 +5,8 @@
     python examples/trl_grpo.py                            # the embedded default collector
 
 The task: two-digit addition; the reward is 1 when the completion's first digit is the
-answer's first digit (an untrained model gets it right ~1 time in 10, so groups disagree and
-GRPO has a signal). Swap in your own model path, dataset and reward: the forksight line stays.
+answer's first digit (forksight counts that as correct for pass@k) and 0.2 for writing any
+digit, so an untrained model's groups disagree and GRPO has a signal. Swap in your own model path, dataset and reward: the forksight line stays.
 """
 from __future__ import annotations
 
@@ -32,11 +32,11 @@ def addition_dataset(n: int, seed: int = 0) -> Dataset:
 
 
 def first_digit_reward(completions: list[str], answer: list[str], **kwargs) -> list[float]:
-    """1.0 when the first digit written is the answer's first digit, else 0.0."""
+    """1.0 when the first digit written is the answer's first digit, 0.2 for any digit, else 0."""
     rewards = []
     for completion, target in zip(completions, answer):
         digits = re.findall(r"\d", completion)
-        rewards.append(1.0 if digits and digits[0] == target[0] else 0.0)
+        rewards.append(1.0 if digits and digits[0] == target[0] else 0.2 if digits else 0.0)
     return rewards
 
 

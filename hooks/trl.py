@@ -164,6 +164,8 @@ class ForksightCallback(TrainerCallback):
 
         def generate_and_watch(inputs):
             out = original(inputs)
+            if not self.enabled:
+                return out
             try:
                 self._on_generation(out)
             except Exception as exc:  # noqa: BLE001
@@ -238,7 +240,7 @@ class ForksightCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
-        if self.handle is not None:
+        if self.handle is not None and self.handle.enabled:
             if self._samples is not None:
                 s, self._samples = self._samples, None
                 G = self.trainer.num_generations

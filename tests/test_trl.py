@@ -49,19 +49,19 @@ def make_trainer(model_path, out_dir, steps: int, reward_log: list, quantile: fl
         output_dir=str(out_dir), report_to="none", use_cpu=True, bf16=False, seed=0,
         per_device_train_batch_size=PROMPTS * G, num_generations=G, max_completion_length=LENGTH,
         learning_rate=5e-3, lr_scheduler_type="constant", max_steps=steps, top_entropy_quantile=quantile,
-        logging_steps=1, save_strategy="no", disable_tqdm=True,
+        logging_steps=1, save_strategy="no", disable_tqdm=True, per_device_eval_batch_size=PROMPTS * G,
     )
     data = Dataset.from_list([{"prompt": f"Q: {10 + i}+{20 + i}= A:"} for i in range(64)])
+    eval_data = Dataset.from_list([{"prompt": f"Q: {i}+{i}= A:"} for i in (3, 4)])
     return GRPOTrainer(model=model, args=config, reward_funcs=even_first_token, train_dataset=data,
-                       processing_class=tokenizer)
+                       eval_dataset=eval_data, processing_class=tokenizer)
 
 
 @pytest.fixture(scope="module")
 def run_a(tiny_model_path, tmp_path_factory):
     """GRPO with forksight attached (JS on all groups, stop on a critical alert that a collapse
     floor above the untrained model's entropy raises once 2 steps are seen)."""
-    from monitor.alerts import AlertConfig, AlertHub
-    from monitor.detectors import CollapseConfig
+    from monitor.alerts import AlertConfig, AlertHub, CollapseConfig
     from monitor.store import Store
 
     tmp = tmp_path_factory.mktemp("trl_a")
@@ -74,10 +74,13 @@ def run_a(tiny_model_path, tmp_path_factory):
     trainer.add_callback(probe)
     callback = hooks.trl.attach(trainer, sink=sink, stop_on_alert=True, js_groups="all", sample=PROMPTS)
     trainer.train()
+    n_train = len(rewards)
+    trainer.evaluate()  # two eval prompts x G: eval_* scalars and eval/pass@k
     sink.flush()
     reader = sink.reader
     out = {
-        "trainer": trainer, "callback": callback, "probe": probe, "rewards": rewards, "sink": sink,
+        "trainer": trainer, "callback": callback, "probe": probe, "rewards": rewards[:n_train],
+        "eval_rewards": rewards[n_train:], "sink": sink,
         "scalars": reader.read_scalars(sink.run_id, downsample=100000),
         "samples": reader.read_samples(sink.run_id),
         "tokens": {s: reader.read_tokens(sink.run_id, s) for s in reader.token_steps(sink.run_id)},
@@ -152,6 +155,18 @@ def test_every_trl_scalar_is_stored_under_its_own_name(run_a):
         for key, value in logs.items():
             if isinstance(value, (int, float)) and math.isfinite(value):
                 assert _scalar(run_a, key, step) == pytest.approx(float(value), rel=1e-9), key
+
+
+def test_eval_metrics_and_eval_pass_at_k(run_a):
+    verdicts = [r >= 1.0 for batch in run_a["eval_rewards"] for r in batch]
+    groups = [verdicts[i:i + G] for i in range(0, len(verdicts), G)]
+    assert len(groups) == 2
+    step = run_a["steps"]
+    for k in range(1, G + 1):
+        expected = sum(1 - math.comb(G - sum(g), k) / math.comb(G, k) for g in groups) / len(groups)
+        assert _scalar(run_a, f"eval/pass@{k}", step) == pytest.approx(expected, abs=1e-12)
+    eval_logs = run_a["probe"].logs[step]
+    assert _scalar(run_a, "eval_reward", step) == pytest.approx(eval_logs["eval_reward"], rel=1e-9)
 
 
 def test_a_critical_alert_stops_training_when_asked(run_a):

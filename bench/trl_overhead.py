@@ -1,0 +1,184 @@
+"""TRL GRPOTrainer step time with forksight's callback vs without, measured side by side in ONE
+run: the monitoring mode rotates every step (off / default / JS on all groups), so machine load
+hits every mode alike; overhead = median step time of a mode / median with it off − 1, in
+process CPU time (robust on a shared machine) and wall time.
+
+Shapes: "realistic" = Qwen2 with vocabulary 151,936, hidden 896 and one layer (Qwen2.5-0.5B's
+head and width, a shallow body); "tiny" = the offline test model. GRPOConfig defaults (8 rows,
+num_generations 8) except a short completion length, so CPU steps stay in seconds.
+The rlwatch anchor attaches to the tiny run through `on_log`; we list what it stored.
+
+    python bench/trl_overhead.py [--realistic-steps 7] [--tiny-steps 13] [--out result.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
+
+MODES = ("off", "default", "js_all")
+
+
+class Rotate(TrainerCallback):
+    """Sets the monitoring mode at each step's start and times whole steps (start to next start):
+    wall time, and process CPU time, which other users of a shared machine barely disturb."""
+
+    def __init__(self, monitor, warmup: int):
+        self.monitor, self.warmup = monitor, warmup
+        self.wall: dict[str, list[float]] = {m: [] for m in MODES}
+        self.cpu: dict[str, list[float]] = {m: [] for m in MODES}
+        self._mode, self._t0, self._c0 = None, 0.0, 0.0
+
+    def _close(self) -> None:
+        if self._mode is not None:
+            self.wall[self._mode].append(time.perf_counter() - self._t0)
+            self.cpu[self._mode].append(time.process_time() - self._c0)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._close()  # warm-up steps (compile paths, allocate buffers) have no mode
+        self._mode = MODES[(state.global_step - self.warmup) % len(MODES)] if state.global_step >= self.warmup else None
+        self.monitor.enabled = self._mode != "off"
+        if self.monitor.handle is not None:
+            self.monitor.handle.js_groups = "all" if self._mode == "js_all" else None
+        self._t0, self._c0 = time.perf_counter(), time.process_time()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._close()
+        self._mode = None
+
+
+def realistic_model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=151936, hidden_size=896, num_hidden_layers=1, num_attention_heads=14,
+                         num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True,
+                         bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return Qwen2ForCausalLM(config)
+
+
+def run(label: str, model, tokenizer, steps: int, warmup: int, completion_length: int, workdir: str,
+        rlwatch_dir: str | None):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    import hooks.trl
+
+    def even_first_token(completions, completion_ids, **kwargs):
+        return [1.0 if ids and ids[0] % 2 == 0 else 0.0 for ids in completion_ids]
+
+    config = GRPOConfig(output_dir=os.path.join(workdir, label), report_to="none", use_cpu=True, bf16=False,
+                        max_completion_length=completion_length, max_steps=steps, logging_steps=1,
+                        save_strategy="no", disable_tqdm=False, seed=0)
+    data = Dataset.from_list([{"prompt": f"Q: {10 + i}+{20 + i}= A:"} for i in range(8 * steps + 8)])
+    trainer = GRPOTrainer(model=model, args=config, reward_funcs=even_first_token, train_dataset=data,
+                          processing_class=tokenizer)
+    db = os.path.join(workdir, f"{label}.duckdb")
+    placeholder = Rotate(None, warmup)
+    trainer.add_callback(placeholder)  # first in the list: its step clock starts before anything else runs
+    monitor = hooks.trl.attach(trainer, db=db, run=label)
+    placeholder.monitor = monitor
+    if rlwatch_dir is not None:
+        import rlwatch
+
+        rlwatch.attach(framework="trl", trainer=trainer, run_id=f"{label}-rlwatch", storage={"log_dir": rlwatch_dir})
+        rlwatch.get_monitor().attach_to_trainer(trainer)
+    trainer.train()
+    monitor.detach(finish=False)
+    sink = monitor.sink
+    sink.flush()
+    stored = {
+        "scalar_keys": sorted(sink.reader.scalar_keys(sink.run_id)),
+        "token_rows": int(sum(len(sink.reader.read_tokens(sink.run_id, s)) for s in sink.reader.token_steps(sink.run_id))),
+        "sample_rows": int(len(sink.reader.read_samples(sink.run_id))),
+        "histogram_steps": int(sink.reader.read_histograms(sink.run_id)["step"].nunique()),
+    }
+    sink.finish()
+    def medians(times):
+        return {m: statistics.median(t) for m, t in times.items() if t}
+
+    wall, cpu = medians(placeholder.wall), medians(placeholder.cpu)
+    result = {
+        "cpu_s_median": {m: round(v, 4) for m, v in cpu.items()},
+        "wall_s_median": {m: round(v, 4) for m, v in wall.items()},
+        "steps_per_mode": {m: len(t) for m, t in placeholder.wall.items()},
+        "overhead_default_cpu": round(cpu["default"] / cpu["off"] - 1, 4),
+        "overhead_js_all_groups_cpu": round(cpu["js_all"] / cpu["off"] - 1, 4),
+        "overhead_default_wall": round(wall["default"] / wall["off"] - 1, 4),
+        "overhead_js_all_groups_wall": round(wall["js_all"] / wall["off"] - 1, 4),
+        "rows_per_step": trainer.args.per_device_train_batch_size,
+        "num_generations": trainer.num_generations,
+        "max_completion_length": completion_length,
+    }
+    return result, stored
+
+
+def rlwatch_captured(log_dir: str) -> list[str]:
+    """Columns rlwatch filled for the run (its metrics table is one row of scalars per step)."""
+    path = next(Path(log_dir).rglob("*.db"))
+    with sqlite3.connect(path) as conn:
+        cols = [r[1] for r in conn.execute("PRAGMA table_info(metrics)")]
+        rows = conn.execute("SELECT * FROM metrics").fetchall()
+    keep = [c for i, c in enumerate(cols) if c not in ("id", "run_id", "step", "timestamp")
+            and any(r[i] is not None for r in rows)]
+    return keep
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--realistic-steps", type=int, default=7, help="steps at vocab 151,936 (1 warm-up, rest rotate 3 modes)")
+    parser.add_argument("--tiny-steps", type=int, default=14, help="steps on the tiny model (2 warm-up, rest rotate 3 modes)")
+    parser.add_argument("--realistic-length", type=int, default=8, help="max_completion_length at vocab 151,936")
+    parser.add_argument("--tiny-length", type=int, default=16, help="max_completion_length on the tiny model")
+    parser.add_argument("--out", default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    import trl
+
+    from trainer.model import build_tiny, load
+
+    tiny_model, tokenizer = load(build_tiny())
+    out: dict = {"trl": trl.__version__, "torch": torch.__version__, "device": "cpu",
+                 "threads": torch.get_num_threads(), "load_avg_start": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory() as workdir:
+        rl_dir = os.path.join(workdir, "rlwatch")
+        out["tiny"], stored = run("tiny", tiny_model, tokenizer, args.tiny_steps, 2, args.tiny_length, workdir, rl_dir)
+        # the tiny tokenizer decodes ids it lacks to "": fine for timing the 151,936-row head
+        out["realistic"], _ = run("realistic", realistic_model(), tokenizer, args.realistic_steps, 1,
+                                  args.realistic_length, workdir, None)
+        captured = rlwatch_captured(rl_dir)
+    out["rlwatch"] = {
+        "captures": captured,
+        "forksight_scalar_keys": len(stored["scalar_keys"]),
+        "forksight_only": [
+            "per-token entropy, Rényi-2, log p, top-1 and ICT JS rows "
+            f"({stored['token_rows']} token rows in the tiny run)",
+            f"entropy histogram of every completion token per step ({stored['histogram_steps']} steps)",
+            "entropy percentiles p20/p50/p80/p95, fork/frac, fork/threshold, selected/frac (top_entropy_quantile mask)",
+            "renyi2/mean, js/mean, top1/mean, logp/mean, cov/logp_adv (Cui et al. covariance)",
+            "pass@1..pass@G from the rollouts' verdicts, groups/zero_var_frac",
+            f"every completion with prompt, reward, verdict and group id ({stored['sample_rows']} sample rows)",
+            "all of TRL's own scalars under TRL's names (rlwatch keeps the 9 it maps)",
+        ],
+    }
+    out["load_avg_end"] = os.getloadavg()[0]
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
