@@ -5,6 +5,7 @@ gradients are all-reduced (gloo on CPU), and every rank streams its own records.
 """
 from __future__ import annotations
 
+import copy
 import os
 import random
 import time
@@ -55,6 +56,7 @@ class Context:
     model_path: str = ""
     run_name: str = ""
     split_head: bool = False      # logits == output_layer(base_model(...)): sparse backward works
+    report_seconds: float = 0.0   # time the last StepReporter.report call took
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,8 +117,10 @@ def open_run_sink(config: TrainConfig, run_name: str, rank: int, world: int):
     return sink
 
 
-def setup(config: TrainConfig, sink=None, *, model=None, tokenizer=None) -> tuple[Context, Any]:
-    """Build the step context (and the sink unless one is given)."""
+def setup(config: TrainConfig, sink=None, *, model=None, tokenizer=None,
+          teacher=None) -> tuple[Context, Any]:
+    """Build the step context (and the sink unless one is given). model/tokenizer/teacher:
+    use these objects instead of loading (benchmarks, notebooks)."""
     rank, world = _dist()
     task = make_task(config.task, level=config.level, reverse=config.reverse, path=config.task_path)
     if model is None:
@@ -127,10 +131,11 @@ def setup(config: TrainConfig, sink=None, *, model=None, tokenizer=None) -> tupl
     torch.manual_seed(config.seed)  # identical initial weights are given; this seeds the rest
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    ref = teacher = None
-    if config.beta > 0:
-        ref = load(policy_path)[0].eval().requires_grad_(False)
-    if config.is_distill:
+    ref = None
+    if config.beta > 0:  # the reference is the policy as it starts
+        ref = copy.deepcopy(model).eval().requires_grad_(False)
+    teacher = teacher if config.is_distill else None
+    if config.is_distill and teacher is None:
         if teacher_path is None:
             raise ValueError(f"strategy {config.strategy!r} needs a teacher: set teacher (a model "
                              "directory) or keep the default warm-up teacher")
@@ -213,6 +218,7 @@ def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, flo
     else:
         logits = completion_logits(ctx.model, roll.input_ids, roll.attention_mask, roll.prompt_len)
     # The one pass over the vocabulary for statistics: selection reads it, the reporter ships it.
+    clock["forward"] = time.perf_counter()
     if report or _needs_stats(cfg.strategy):
         stats = metrics.token_stats(logits.detach(), mask=valid, tokens=roll.completion,
                                     temperature=cfg.temperature,
@@ -220,6 +226,7 @@ def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, flo
     else:  # all / random / distillation select from the mask (and KL) alone
         stats = metrics.TokenStats(entropy=None, renyi2=None, top1=None, logp=None, js=None,
                                    mask=valid)
+    clock["stats"] = time.perf_counter()
     gen = torch.Generator().manual_seed(_step_seed(cfg, ctx.rank, step))
     teacher_logits = kl = None
     if ctx.teacher is not None:
@@ -261,7 +268,7 @@ def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, flo
                                           clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                           normalizer=sel.normalizer, ref_logp=ref_logp,
                                           beta=cfg.beta)
-        clock["forward"] = time.perf_counter()
+        clock["loss"] = time.perf_counter()
         ctx.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         clock["backward"] = time.perf_counter()
@@ -274,7 +281,8 @@ def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, flo
                                "lr": ctx.optimizer.param_groups[0]["lr"]}
     extra.setdefault("kl", 0.0)
     extra["time/rollout"] = clock["rollout"] - clock["start"]
-    extra["time/backward"] = clock["backward"] - clock["forward"]
+    extra["time/stats"] = clock["stats"] - clock["forward"]
+    extra["time/backward"] = clock["backward"] - clock["loss"]
     extra["time/step"] = clock["end"] - clock["start"]
     extra["tokens/trained"] = float(len(rows[0]))
     if kl is not None:
@@ -284,9 +292,12 @@ def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, flo
     samples = [{"prompt": problems[i // cfg.group_size].prompt, "completion": text,
                 "reward": float(rewards[i]), "correct": correct[i], "source": ctx.task.name}
                for i, text in enumerate(roll.texts)]
-    return ctx.reporter.report(step, stats, roll.completion, selected=sel.mask,
-                               group_ids=roll.group_ids, advantages=adv, samples=samples,
-                               extra=extra, weight=float(valid.sum()))
+    start = time.perf_counter()
+    scalars = ctx.reporter.report(step, stats, roll.completion, selected=sel.mask,
+                                  group_ids=roll.group_ids, advantages=adv, samples=samples,
+                                  extra=extra, weight=float(valid.sum()))
+    ctx.report_seconds = time.perf_counter() - start  # for benchmarks; not streamed
+    return scalars
 
 
 def _distill(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
