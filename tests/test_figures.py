@@ -267,3 +267,39 @@ def test_pick_sample_lowest_and_highest_reward_of_a_group():
     assert pick_sample(samples, "high:0") == 2
     assert pick_sample(samples, "3") == 3
     assert pick_sample(samples, "9") is None
+
+
+# ---------------------------------------------------------------- run page work on a real store
+def test_run_view_draws_from_the_store_and_ticks_only_new_steps(tmp_path):
+    import numpy as np
+
+    from dashboard.run_view import Controls, draw_run, tick_run
+    from dashboard.synthetic import seed_run, write_steps
+    from monitor.store import Store
+
+    with Store(str(tmp_path / "r.duckdb"), alerts=False) as store:
+        run_id = seed_run(store, "r", 12, steps_total=40, seed=3)
+        drawn = draw_run(store.reader, run_id, Controls(smoothing=0.5))
+        mean = trace_for(drawn["figures"]["entropy"], "entropy/mean", "raw")
+        stored = store.reader.read_scalars(run_id, ["entropy/mean"])
+        assert mean["x"] == stored["step"].tolist()
+        assert np.allclose(mean["y"], stored["value"])
+        quiet = tick_run(store.reader, drawn["state"], Controls(smoothing=0.5))
+        assert all(p is None for p in quiet["figures"].values())
+        write_steps(store, run_id, range(12, 15), 40, np.random.default_rng(4))
+        out = tick_run(store.reader, drawn["state"], Controls(smoothing=0.5))
+        grown = apply_patch(drawn["figures"]["entropy"], out["figures"]["entropy"])
+        assert trace_for(grown, "entropy/mean", "raw")["x"] == list(range(15))
+        assert out["state"]["last_step"] == 14
+        heat = apply_patch(drawn["figures"]["heatmap"], out["figures"]["heatmap"])
+        assert heat["data"][0]["x"] == list(range(15))
+
+
+def test_controls_refuse_bad_input_with_the_reason():
+    from dashboard.run_view import Controls
+
+    with pytest.raises(ValueError, match="smoothing must be in"):
+        Controls.from_inputs(1.5, "step", [], 1000, [])
+    with pytest.raises(ValueError, match="x_axis must be"):
+        Controls.from_inputs(0.5, "time", [], 1000, [])
+    assert Controls.from_inputs(0.5, "wall", ["log"], "all", ["lr"]).log_y is True
