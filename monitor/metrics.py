@@ -33,13 +33,13 @@ __all__ = [
 # counts tokens above it so runs can be compared with the paper's reference line.
 FORK_ENTROPY = 0.672
 
-# Live [rows, V] float32 buffers per row in each path; `chunk_size` is a memory budget of
-# chunk_size × V float32 values, so rows per block = chunk_size // buffers.
-_STATS_BUFFERS = 3  # shifted logits s, exp(s), and a gathered/projected copy of the logits
-_JS_BUFFERS = 5  # s and exp(s) for B + G ≤ 2B rows per position each, plus the logits copy
-# Rows per block beyond which bigger blocks only cost cache misses (measured in bench/metrics.py):
-# ~16 MB per buffer amortises per-op overhead while the re-reads of a block stay mostly in L3.
-_CACHE_FLOATS = 1 << 22
+# Scratch is counted in rows of V float32 values; `chunk_size` caps the rows alive at once, so the
+# extra memory is at most chunk_size × V × 4 bytes (JS needs one position: 6B rows, at least).
+_STATS_ROWS = 4  # per token: e, s (later e·s), e², and a gathered or projected copy of the logits
+# Default cap on scratch, below chunk_size when V is large: 128 MB. Measured on 2 shared cores
+# (bench/metrics.py): blocks of a few MB lose to per-op thread barriers, blocks of 100s of MB
+# to cache misses; 32-64 MB blocks sat in between.
+_BLOCK_FLOATS = 1 << 25
 
 
 @dataclass
@@ -199,19 +199,19 @@ def _shift_exp(z: Tensor, inv_temp: float, s_out: Tensor, e_out: Tensor) -> Tens
     return m.squeeze(-1)
 
 
-def _row_sums(s: Tensor, e: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Σe, Σe·s and Σe² per row, overwriting s (no temporaries: memory stays at the buffers).
+def _row_sums(planes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Σe, Σe·s and Σe² per row from planes [3, ..., V] = (e, s, scratch), in one reduction.
 
-    -inf logits (e = 0, s = -inf) contribute 0, never NaN. torch.sum sums in a cascade; bmm's
-    dot products were 8x slower here and 4e-4 nats off at V = 152k.
+    s is overwritten; nothing else is allocated. -inf logits (e = 0, s = -inf) contribute 0,
+    never NaN. torch.sum sums in a cascade (bmm's dot products were 8x slower and 4e-4 nats off).
     """
-    s1 = e.sum(-1)
-    prod = torch.mul(e, s, out=s)
-    sz = prod.sum(-1)
+    e, s, sq = planes[0], planes[1], planes[2]
+    torch.mul(e, s, out=s)
+    torch.mul(e, e, out=sq)
+    s1, sz, s2 = planes.sum(-1)
     bad = torch.isnan(sz)
     if bool(bad.any()):  # only rows with -inf logits pay: there 0·(-inf) = NaN stands for 0
-        sz[bad] = torch.nan_to_num(prod[bad], nan=0.0).sum(-1)
-    s2 = torch.mul(e, e, out=s).sum(-1)
+        sz[bad] = torch.nan_to_num(s[bad], nan=0.0).sum(-1)
     return s1, sz, s2
 
 
@@ -233,8 +233,9 @@ def _raise_nonfinite(m: Tensor, active: Tensor) -> None:
         )
 
 
-def _block_rows(chunk_size: int, buffers: int, vocab: int) -> int:
-    return max(1, min(chunk_size // buffers, _CACHE_FLOATS // vocab))
+def _block_rows(chunk_size: int, rows_per_item: int, vocab: int) -> int:
+    """How many items (tokens or positions) a block holds within the scratch budget (≥ 1)."""
+    return max(1, min(chunk_size, _BLOCK_FLOATS // vocab) // rows_per_item)
 
 
 class _Sums:
@@ -245,12 +246,12 @@ class _Sums:
         self.max, self.s1, self.sz, self.s2 = new(), new(), new(), new()
         self.s_y = new() if with_logp else None  # shifted logit of the sampled token
 
-    def fill(self, index, s: Tensor, e: Tensor, m: Tensor, tokens: Tensor | None) -> None:
-        """Takes one block's shifted logits s (overwritten) and e = exp(s)."""
+    def fill(self, index, planes: Tensor, m: Tensor, tokens: Tensor | None) -> None:
+        """Takes one block's planes (e = exp(s), s = shifted logits, scratch); s is overwritten."""
         self.max[index] = m
         if tokens is not None:
-            self.s_y[index] = s.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-        self.s1[index], self.sz[index], self.s2[index] = _row_sums(s, e)
+            self.s_y[index] = planes[1].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        self.s1[index], self.sz[index], self.s2[index] = _row_sums(planes)
 
     def finish(self, active: Tensor) -> dict[str, Tensor | None]:
         _raise_nonfinite(self.max, active)
@@ -306,16 +307,15 @@ def _stats_by_tokens(src: _Logits, valid: Tensor, toks, inv_temp: float, chunk_s
     if n == 0:
         return
     b_all, t_all = flat // src.time, flat % src.time
-    rows = _block_rows(chunk_size, _STATS_BUFFERS, src.vocab)
-    s_buf = torch.empty((min(rows, n), src.vocab), dtype=torch.float32, device=src.device)
-    e_buf = torch.empty_like(s_buf)
+    rows = _block_rows(chunk_size, _STATS_ROWS, src.vocab)
+    buf = torch.empty((3, min(rows, n), src.vocab), dtype=torch.float32, device=src.device)
     sums = _Sums((n,), src.device, toks is not None)
     tok_valid = toks[b_all, t_all] if toks is not None else None
     for start in range(0, n, rows):
         blk = slice(start, start + rows)
-        s, e = s_buf[: flat[blk].numel()], e_buf[: flat[blk].numel()]
-        m = _shift_exp(src.rows(flat[blk], flat_host[blk]), inv_temp, s, e)
-        sums.fill(blk, s, e, m, tok_valid[blk] if toks is not None else None)
+        planes = buf[:, : flat[blk].numel()]
+        m = _shift_exp(src.rows(flat[blk], flat_host[blk]), inv_temp, planes[1], planes[0])
+        sums.fill(blk, planes, m, tok_valid[blk] if toks is not None else None)
     for name, value in sums.finish(torch.ones(n, dtype=torch.bool, device=src.device)).items():
         if value is not None:
             out[name][b_all, t_all] = value
@@ -354,9 +354,11 @@ def _stats_by_positions(
     has_inactive = (~act).any(1).tolist()  # one host sync up front, not one per block
 
     width = batch + n_groups  # rows of [M; P̄] per position
-    per_block = max(1, _block_rows(chunk_size, _JS_BUFFERS, vocab) // width)
-    x_buf = torch.empty((per_block * width, vocab), dtype=torch.float32, device=device)
-    y_buf = torch.empty_like(x_buf)
+    # per position: 3B rows of planes (their last 2B later hold [M; P̄]), B + G rows of log [M; P̄],
+    # B rows of a logits copy when the positions are not a run
+    per_block = _block_rows(chunk_size, 3 * batch + width + batch, vocab)
+    buf = torch.empty((3, per_block * batch, vocab), dtype=torch.float32, device=device)
+    log_buf = torch.empty((per_block * width, vocab), dtype=torch.float32, device=device)
     sums = _Sums((n_pos, batch), device, toks is not None)
     neg_h = torch.empty((n_pos, width), dtype=torch.float32, device=device)  # Σ x log x of [M; P̄]
     toks_pos = toks[:, positions].T if toks is not None else None
@@ -364,18 +366,19 @@ def _stats_by_positions(
         blk = slice(start, start + per_block)
         t_pos = positions[blk]
         c = t_pos.numel()
-        s = x_buf[: c * batch].view(c, batch, vocab)
-        e = y_buf[: c * batch].view(c, batch, vocab)
-        m = _shift_exp(src.block(t_pos, positions_host[blk]), inv_temp, s, e)  # block is [c, B, V]
-        sums.fill(blk, s, e, m, toks_pos[blk] if toks is not None else None)
+        planes = buf[:, : c * batch].view(3, c, batch, vocab)
+        e = planes[0]
+        m = _shift_exp(src.block(t_pos, positions_host[blk]), inv_temp, planes[1], e)  # block: [c, B, V]
+        sums.fill(blk, planes, m, toks_pos[blk] if toks is not None else None)
         inv_s1 = sums.s1[blk].reciprocal()
         if any(has_inactive[blk]):
             gone = ~act[blk]
             e[gone] = 0.0  # inactive rows (padding, maybe garbage logits) join no mean
             inv_s1 = inv_s1.masked_fill(gone, 0.0)
         mixing = (d_mat + c_mat * mean_weight[blk].unsqueeze(1)) * inv_s1.unsqueeze(1)  # [c, B+G, B]
-        mixes = torch.bmm(mixing, e, out=x_buf[: c * width].view(c, width, vocab))
-        neg_h[blk] = _sum_xlogx(mixes, y_buf[: c * width].view(c, width, vocab))
+        free = buf[1:].view(-1, vocab)[: c * width].view(c, width, vocab)  # s and e² are spent
+        mixes = torch.bmm(mixing, e, out=free)
+        neg_h[blk] = _sum_xlogx(mixes, log_buf[: c * width].view(c, width, vocab))
 
     stats = sums.finish(act)
     h_mix, h_mean = -neg_h[:, :batch], -neg_h[:, batch:]
@@ -416,7 +419,7 @@ def token_kl(
     n = flat_host.numel()
     if n == 0:
         return out
-    rows = _block_rows(_check_chunk(chunk_size), 5, vocab)  # 4 buffers + a possible copy
+    rows = _block_rows(_check_chunk(chunk_size), 6, vocab)  # 4 buffers + 2 possible copies
     bufs = [torch.empty((min(rows, n), vocab), dtype=torch.float32, device=student.device) for _ in range(4)]
     kl = torch.empty(n, dtype=torch.float32, device=student.device)
     maxes = torch.empty((2, n), dtype=torch.float32, device=student.device)
