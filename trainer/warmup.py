@@ -30,8 +30,9 @@ def warm_path(base: str | Path, task: Task, target_pass: float, loss: str, seed:
 
 
 def ensure_warm(base: str | Path, task: Task, *, target_pass: float = 0.3, loss: str = "ce",
-                seed: int = 0, max_seconds: float = 180.0, progress: bool = True) -> Path:
-    """Path of a model warmed up on `task` to sampled pass@1 ≥ target_pass (cached)."""
+                seed: int = 0, max_seconds: float = 180.0, progress: bool = True, **train_kw) -> Path:
+    """Path of a model warmed up on `task` to sampled pass@1 ≥ target_pass (cached);
+    train_kw go to `supervised` (lr, batch, eval_every)."""
     out = warm_path(base, task, target_pass, loss, seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
@@ -40,7 +41,7 @@ def ensure_warm(base: str | Path, task: Task, *, target_pass: float = 0.3, loss:
             return out
         model, tokenizer = load(base)
         info = supervised(model, tokenizer, task, target_pass=target_pass, loss=loss, seed=seed,
-                          max_seconds=max_seconds, progress=progress)
+                          max_seconds=max_seconds, progress=progress, **train_kw)
         tmp = out.with_name(out.name + ".tmp")
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
