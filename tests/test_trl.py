@@ -176,6 +176,19 @@ def test_a_critical_alert_stops_training_when_asked(run_a):
     assert run_a["steps"] < MAX_STEPS and int(critical.step.min()) < run_a["steps"]
 
 
+def test_detach_leaves_the_trainer_as_trl_built_it(run_a):
+    trainer, callback = run_a["trainer"], run_a["callback"]
+    model = trainer.model
+    assert model.__dict__["forward"] is callback._forward_fused  # ours (asks for log Σp² too) while attached
+    assert callback._forward_before.__func__.__code__.co_name == "_fused_forward"
+    callback.detach(finish=False)
+    assert model.__dict__["forward"] is callback._forward_before  # TRL's own fused forward again
+    assert not model._forward_hooks and not model._forward_pre_hooks and not model.model._forward_hooks
+    assert not model.get_output_embeddings()._forward_hooks
+    assert "_generate_and_score_completions" not in trainer.__dict__
+    assert callback not in trainer.callback_handler.callbacks
+
+
 def test_training_is_bit_identical_without_the_callback(run_a, tiny_model_path, tmp_path):
     rewards: list = []
     trainer = make_trainer(tiny_model_path, tmp_path / "out", run_a["steps"], rewards)
