@@ -28,6 +28,11 @@ from trainer.loop import _needs_stats, setup, train_step  # noqa: E402
 from trainer.model import TinySpec, build_tiny, load  # noqa: E402
 
 
+def _progress(message: str) -> None:
+    """Section progress on stderr (stdout is the JSON)."""
+    print(f"[bench/trainer] {message}", file=sys.stderr, flush=True)
+
+
 def realistic_model(tokenizer):
     """Qwen2.5-0.5B's vocabulary and width on a single layer, tied embeddings, random weights."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -146,12 +151,15 @@ def main() -> None:
     report: dict = {"torch_threads": torch.get_num_threads()}
 
     tiny_model, tokenizer = load(build_tiny())
+    _progress("overhead at the tiny shape")
     report["overhead_tiny"] = [overhead(tiny_model, tokenizer, pairs * 3, s) for s in ("all", "fork")]
     teacher, _ = load(build_tiny(spec=TinySpec(seed=1)))
+    _progress("tokens/s per strategy at the tiny shape")
     report["strategies_tiny"] = strategy_rates(tiny_model, tokenizer, rate_steps * 2, STRATEGIES,
                                                teacher=teacher)
 
     big = realistic_model(tokenizer)
+    _progress("overhead and backward at the realistic shape (vocab 151,936 x hidden 896)")
     shape = dict(prompts_per_step=2, group_size=4, max_new_tokens=8)
     report["realistic_shape"] = {"vocab": 151_936, "hidden": 896, "layers": 1,
                                  "params_m": round(sum(p.numel() for p in big.parameters()) / 1e6, 1),
@@ -161,6 +169,7 @@ def main() -> None:
                                                     ("all", "fork", "ict", "random"), **shape)
     del big
 
+    _progress(f"all vs fork vs ict, {cmp_steps} steps each, from the cached warm-up")
     report["comparison_tiny"] = comparison(cmp_steps, args.compare_lr)
     report["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(report, indent=1))

@@ -117,3 +117,32 @@ def test_cli_explains_a_bad_config(tmp_path):
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "rho" in out.stderr and "less than or equal to 1" in out.stderr
+
+
+def test_ctrl_c_saves_flushes_and_marks_the_run_stopped(tmp_path):
+    import signal
+    import time
+
+    import torch
+
+    db, runs = tmp_path / "int.duckdb", tmp_path / "runs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "monitor.cli", "train", "--preset", "tiny-test", "--steps", "100000",
+         "--db", str(db), "--out-dir", str(runs), "--run", "sigint", "--save-every", "1"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ckpt = runs / "sigint" / "checkpoint.pt"
+    deadline = time.monotonic() + 240
+    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ckpt.exists(), proc.communicate(timeout=30)[1][-3000:]
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["stopped_early"] and summary["steps"] >= 1
+    assert torch.load(ckpt, weights_only=False)["step"] == summary["steps"]
+    with Store(str(db), alerts=False) as store:
+        runs_df = store.reader.list_runs()
+        assert runs_df.status.tolist() == ["stopped"]
+        stored_steps = set(store.reader.read_scalars("sigint", keys=["loss"]).step)
+    assert max(stored_steps) == summary["steps"]  # everything trained was flushed

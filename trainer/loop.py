@@ -357,7 +357,8 @@ def load_checkpoint(ctx: Context, path: Path) -> dict:
 
 
 def train(config: TrainConfig, sink=None) -> TrainResult:
-    """Run (or resume) a training run; streams to `sink`, else to the sink the config names."""
+    """Run (or resume) a training run; streams to `sink`, else to the sink the config names.
+    Ctrl-C (SIGINT) ends it cleanly: checkpoint saved, records flushed, run marked stopped."""
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
@@ -371,31 +372,36 @@ def train(config: TrainConfig, sink=None) -> TrainResult:
                disable=not config.progress or ctx.rank != 0)
     scalars: dict[str, float] = {}
     last_eval: dict[str, float] = {}
-    stopped = False
-    step = start
-    for step in range(start + 1, config.steps + 1):
-        scalars = train_step(ctx, step)
-        bar.update(1)
-        bar.set_postfix(reward=f"{scalars.get('reward/mean', 0):.2f}",
-                        H=f"{scalars.get('entropy/mean', 0):.3f}",
-                        p1=f"{scalars.get('pass@1', 0):.2f}")
-        if config.eval_every and step % config.eval_every == 0 and ctx.rank == 0:
-            last_eval = evaluate(ctx)
-            sink.log_scalars(step, last_eval)
-        if ctx.rank == 0 and config.save_every and step % config.save_every == 0:
-            save_checkpoint(ctx, ckpt, step, run_id)
-        if _should_stop(sink, ctx.world):
-            stopped = True
-            break
+    stopped = interrupted = False
+    done = start  # last completed step
+    try:
+        for step in range(start + 1, config.steps + 1):
+            scalars = train_step(ctx, step)
+            done = step
+            bar.update(1)
+            bar.set_postfix(reward=f"{scalars.get('reward/mean', 0):.2f}",
+                            H=f"{scalars.get('entropy/mean', 0):.3f}",
+                            p1=f"{scalars.get('pass@1', 0):.2f}")
+            if config.eval_every and step % config.eval_every == 0 and ctx.rank == 0:
+                last_eval = evaluate(ctx)
+                sink.log_scalars(step, last_eval)
+            if ctx.rank == 0 and config.save_every and step % config.save_every == 0:
+                save_checkpoint(ctx, ckpt, step, run_id)
+            if _should_stop(sink, ctx.world):
+                stopped = True
+                break
+    except KeyboardInterrupt:
+        stopped = interrupted = True
     bar.close()
-    if ctx.rank == 0 and step > start:
-        if not config.eval_every or step % config.eval_every:
+    if ctx.rank == 0 and done > start:
+        if not interrupted and (not config.eval_every or done % config.eval_every):
             last_eval = evaluate(ctx)
-            sink.log_scalars(step, last_eval)
-        save_checkpoint(ctx, ckpt, step, run_id)
-    _barrier(ctx.world)
+            sink.log_scalars(done, last_eval)
+        save_checkpoint(ctx, ckpt, done, run_id)
+    if not interrupted:  # after Ctrl-C the other ranks may be gone: do not wait for them
+        _barrier(ctx.world)
     sink.finish(status="stopped" if stopped else "finished")
-    return TrainResult(run_id=run_id, steps=step, final=scalars, eval=last_eval,
+    return TrainResult(run_id=run_id, steps=done, final=scalars, eval=last_eval,
                        stopped_early=stopped, checkpoint=str(ckpt),
                        seconds=round(time.perf_counter() - started, 2))
 
