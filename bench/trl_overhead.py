@@ -125,6 +125,29 @@ def run(label: str, model, tokenizer, steps: int, warmup: int, completion_length
     return result, stored
 
 
+def fused_head_cost(model, rows: int = 136, reps: int = 4) -> dict:
+    """TRL's fused LM head (forward + backward) with the outputs TRL asks for vs with log Σp² added
+    (what forksight asks for), interleaved, at the model's shape: the kernel-level cost of H2."""
+    from trl.kernels import ChunkedLogProbFunction
+
+    weight = model.get_output_embeddings().weight
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(rows, weight.shape[1], generator=gen, requires_grad=True)
+    targets = torch.randint(0, weight.shape[0], (rows,), generator=gen)
+    variants = {"trl": ("log_probs", "entropy"), "forksight": ("log_probs", "entropy", "log_sum_sq_probs")}
+    cpu: dict[str, list[float]] = {k: [] for k in variants}
+    for rep in range(reps + 1):
+        for name, outputs in variants.items():
+            c0 = time.process_time()
+            logp, entropy, *_ = ChunkedLogProbFunction.apply(hidden, weight, None, targets, 1.0, 32768, None, 1.0, outputs)
+            (logp.sum() + entropy.sum()).backward()
+            if rep:  # the first round is warm-up
+                cpu[name].append(time.process_time() - c0)
+    med = {k: statistics.median(v) for k, v in cpu.items()}
+    return {"rows": rows, "cpu_s_median": {k: round(v, 4) for k, v in med.items()},
+            "overhead_log_sum_sq_probs": round(med["forksight"] / med["trl"] - 1, 4)}
+
+
 def rlwatch_captured(log_dir: str) -> list[str]:
     """Columns rlwatch filled for the run (its metrics table is one row of scalars per step)."""
     path = next(Path(log_dir).rglob("*.db"))
@@ -156,7 +179,9 @@ def main(argv: list[str] | None = None) -> None:
         rl_dir = os.path.join(workdir, "rlwatch")
         out["tiny"], stored = run("tiny", tiny_model, tokenizer, args.tiny_steps, 2, args.tiny_length, workdir, rl_dir)
         # the tiny tokenizer decodes ids it lacks to "": fine for timing the 151,936-row head
-        out["realistic"], _ = run("realistic", realistic_model(), tokenizer, args.realistic_steps, 1,
+        big = realistic_model()
+        out["realistic_fused_head"] = fused_head_cost(big)
+        out["realistic"], _ = run("realistic", big, tokenizer, args.realistic_steps, 1,
                                   args.realistic_length, workdir, None)
         captured = rlwatch_captured(rl_dir)
     out["rlwatch"] = {
