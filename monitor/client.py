@@ -18,6 +18,7 @@ import time
 import uuid
 import weakref
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -278,10 +279,11 @@ class LocalSink(_Sink):
 class _Item:
     """One request to the collector; `body` is exactly what is sent (and spooled)."""
 
-    __slots__ = ("kind", "batch_id", "body", "rows", "path")
+    __slots__ = ("kind", "batch_id", "body", "rows", "path", "done")
 
     def __init__(self, kind: str, batch_id: str, body: bytes, rows: int = 0, path: Path | None = None):
         self.kind, self.batch_id, self.body, self.rows, self.path = kind, batch_id, body, rows, path
+        self.done = False            # acknowledged; never sent or spooled again
 
 
 class HttpSink(_Sink):
@@ -327,6 +329,7 @@ class HttpSink(_Sink):
         self._last_contact = time.monotonic()
         if self._pending_create is not None:
             self._spool_item(self._pending_create)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="forksight-send")
         self._thread = threading.Thread(target=self._loop, name=f"forksight-sink-{self.run_id}", daemon=True)
         self._thread.start()
         _open_sinks.add(self)
@@ -408,6 +411,7 @@ class HttpSink(_Sink):
         self._closing = True
         self._wake.set()
         self._thread.join(timeout=5.0)
+        self._pool.shutdown(wait=False)
         left = self.spooled()
         if left:
             log.warning("forksight: %d batch(es) for run %s not delivered; kept in %s", left, self.run_id, self._spool)
@@ -482,13 +486,25 @@ class HttpSink(_Sink):
             with self._lock:
                 if not self._outbox:
                     return
-                item = self._outbox[0]
-            if not self._send(item, retries=self.retries):
+                group = [self._outbox[0]]
+                # two token batches in flight at once: the client serialises and sends one while
+                # the collector writes the other. Token rows carry their own step, so their order
+                # does not matter; scalars (which drive alerts) stay strictly in order.
+                if len(self._outbox) > 1 and group[0].kind == self._outbox[1].kind == "arrow":
+                    group.append(self._outbox[1])
+            if len(group) == 2:
+                second = self._pool.submit(self._send, group[1], self.retries)
+                self._send(group[0], self.retries)
+                second.result()
+            else:
+                self._send(group[0], self.retries)
+            with self._lock:
+                while self._outbox and self._outbox[0].done:
+                    self._outbox.popleft()
+            if not all(item.done for item in group):
                 self._retry_later()
                 self._spool_outbox()
                 return
-            with self._lock:
-                self._outbox.popleft()
 
     def _retry_later(self) -> None:
         self._next_try = time.monotonic() + self._backoff
@@ -500,7 +516,8 @@ class HttpSink(_Sink):
                 if not self._outbox:
                     return
                 item = self._outbox.popleft()
-            self._spool_item(item)
+            if not item.done:
+                self._spool_item(item)
 
     def _spool_item(self, item: _Item) -> None:
         self._spool.mkdir(parents=True, exist_ok=True)
@@ -543,9 +560,11 @@ class HttpSink(_Sink):
             except httpx.TransportError:
                 resp = None
             if resp is not None and resp.status_code < 400:
+                item.done = True
                 self._last_contact = time.monotonic()
                 if item.kind in ("json", "arrow"):
-                    self.sent_rows += item.rows
+                    with self._lock:         # two senders may finish at once
+                        self.sent_rows += item.rows
                 if item.kind in ("json", "arrow", "status"):
                     self._on_alerts(resp.json().get("alerts", []))
                 return True
@@ -555,6 +574,7 @@ class HttpSink(_Sink):
                 message = f"{item.kind} batch {item.batch_id}: {resp.status_code} {resp.text[:500]}"
                 self.rejected.append(message)
                 log.error("forksight: collector refused %s", message)
+                item.done = True
                 return True                  # retrying cannot help; do not block the rest
             if resp is not None:               # the collector answers but fails (5xx): not forever
                 failures = self._server_errors[item.batch_id] = self._server_errors.get(item.batch_id, 0) + 1
@@ -563,6 +583,7 @@ class HttpSink(_Sink):
                               f"{resp.status_code} {resp.text[:300]}"
                     self.rejected.append(message)
                     log.error("forksight: %s", message)
+                    item.done = True
                     return True
             if attempt + 1 < retries:
                 time.sleep(delay)
