@@ -2,7 +2,7 @@
 
 Prints one JSON object: median times, ratios to the chunked log_softmax+gather baseline
 (targets: entropy+Rényi-2 ≤ 1.5×, with JS ≤ 3×), peak extra memory per call (measured in a
-fresh subprocess through ru_maxrss) against chunk_size × V × 4 bytes, and max |Δ| against a
+fresh subprocess: the kernel's peak-RSS mark, reset before the call) against chunk_size × V × 4 bytes, and max |Δ| against a
 float64 reference on a small slice.
     .venv/bin/python bench/metrics.py [--shape 6 256 151936] [--repeats 5]
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import statistics
 import subprocess
 import sys
@@ -89,8 +89,8 @@ def make_inputs(shape, dtype, seed=0):
     return logits, tokens
 
 
-def time_all(fns: dict, chunk_of: dict, logits, tokens, repeats: int) -> dict[str, float]:
-    """Median seconds per call; calls interleaved so machine noise hits every contender alike."""
+def time_all(fns: dict, chunk_of: dict, logits, tokens, repeats: int) -> dict[str, list[float]]:
+    """Seconds per call, each round calling every contender in turn so machine noise hits all alike."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for name, fn in fns.items():  # warm-up
         fn(logits, tokens, chunk_of[name])
@@ -99,25 +99,32 @@ def time_all(fns: dict, chunk_of: dict, logits, tokens, repeats: int) -> dict[st
             start = time.perf_counter()
             fn(logits, tokens, chunk_of[name])
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(v) for name, v in times.items()}
+    return times
 
 
-def peak_extra_bytes(name: str, shape, dtype: str, chunk_size: int) -> int:
-    """Peak RSS growth of one call, in a fresh process so the high-water mark is its own."""
-    cmd = [sys.executable, __file__, CHILD_FLAG, name, *map(str, shape), dtype, str(chunk_size)]
+def peak_extra_bytes(name: str, shape, dtype: str, chunk_size: int, threads: int) -> int:
+    """Peak RSS growth of one call, measured in a fresh process (no allocator history)."""
+    cmd = [sys.executable, __file__, CHILD_FLAG, name, *map(str, shape), dtype, str(chunk_size), str(threads)]
     result = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return int(result.stdout.strip().splitlines()[-1])
 
 
-def memory_child(name: str, shape, dtype: str, chunk_size: int) -> None:
+def _status_bytes(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+
+
+def memory_child(name: str, shape, dtype: str, chunk_size: int, threads: int) -> None:
+    torch.set_num_threads(threads)
     fns = contenders(shape[0])
     logits, tokens = make_inputs(shape, getattr(torch, dtype))
     small_l, small_t = logits[:1, :2].contiguous(), tokens[:1, :2].contiguous()
     fns[name](small_l, small_t, chunk_size)  # load kernels and lazy imports first
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # Linux: reset VmHWM (peak RSS) to the current RSS
+    before = _status_bytes("VmRSS:")
     fns[name](logits, tokens, chunk_size)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print((after - before) * 1024)  # ru_maxrss is in KiB on Linux
+    print(_status_bytes("VmHWM:") - before)
 
 
 def max_error_vs_float64(logits, tokens, group_size: int) -> dict[str, float]:
@@ -153,25 +160,33 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=1024, help="token_stats' chunk_size (memory budget rows)")
     parser.add_argument("--baseline-chunk", type=int, default=128, help="rows per chunk of the baselines")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
     parser.add_argument("--no-memory", action="store_true", help="skip the per-call memory subprocesses")
     args = parser.parse_args()
 
+    torch.set_num_threads(args.threads)
     shape, dtype = tuple(args.shape), getattr(torch, args.dtype)
     logits, tokens = make_inputs(shape, dtype)
     fns = contenders(shape[0])
     # the baselines get their own (faster) chunk; token_stats caps its blocks internally
     chunk_of = {n: (args.chunk_size if n.startswith("token_stats") else args.baseline_chunk) for n in fns}
-    times = time_all(fns, chunk_of, logits, tokens, args.repeats)
-    base = times["baseline_chunked_logp"]
+    runs = time_all(fns, chunk_of, logits, tokens, args.repeats)
+    times = {k: statistics.median(v) for k, v in runs.items()}
+    fastest = {k: min(v) for k, v in runs.items()}  # the shared machine only ever adds time
+    base, base_min = times["baseline_chunked_logp"], fastest["baseline_chunked_logp"]
     report = {
         "shape": list(shape),
         "dtype": args.dtype,
         "threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "load_avg_1min_at_end": None,
         "repeats": args.repeats,
         "chunk_size": args.chunk_size,
         "baseline_chunk": args.baseline_chunk,
         "median_ms": {k: round(v * 1e3, 1) for k, v in times.items()},
         "ratio_to_chunked_logp": {k: round(v / base, 3) for k, v in times.items()},
+        "min_ms": {k: round(v * 1e3, 1) for k, v in fastest.items()},
+        "ratio_of_mins": {k: round(v / base_min, 3) for k, v in fastest.items()},
         "targets": {"token_stats": 1.5, "token_stats_js": 3.0},
         "max_abs_err_vs_float64": max_error_vs_float64(logits, tokens, shape[0] // 2 or 1),
     }
@@ -180,14 +195,17 @@ def main() -> None:
         report["chunk_bound_bytes"] = bound
         report["logits_bytes"] = logits.numel() * logits.element_size()
         report["peak_extra_bytes"] = {}
-        for name in tqdm([n for n in fns if n != "trl_entropy_from_logits"], desc="memory", file=sys.stderr):
-            report["peak_extra_bytes"][name] = peak_extra_bytes(name, shape, args.dtype, chunk_of[name])
+        names = [n for n in fns if n.startswith("token_stats") or n == "baseline_chunked_logp"]
+        for name in tqdm(names, desc="memory", file=sys.stderr):
+            report["peak_extra_bytes"][name] = peak_extra_bytes(name, shape, args.dtype, chunk_of[name], args.threads)
+        report["peak_within_chunk_bound"] = all(v <= bound for v in report["peak_extra_bytes"].values())
+    report["load_avg_1min_at_end"] = os.getloadavg()[0]  # the machine is shared: context for the times
     print(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == CHILD_FLAG:
-        _, _, name, b, t, v, dtype, chunk = sys.argv
-        memory_child(name, (int(b), int(t), int(v)), dtype, int(chunk))
+        _, _, name, b, t, v, dtype, chunk, threads = sys.argv
+        memory_child(name, (int(b), int(t), int(v)), dtype, int(chunk), int(threads))
     else:
         main()

@@ -372,9 +372,12 @@ def _stats_by_positions(
         sums.fill(blk, planes, m, toks_pos[blk] if toks is not None else None)
         inv_s1 = sums.s1[blk].reciprocal()
         if any(has_inactive[blk]):
-            gone = ~act[blk]
-            e[gone] = 0.0  # inactive rows (padding, maybe garbage logits) join no mean
-            inv_s1 = inv_s1.masked_fill(gone, 0.0)
+            # inactive rows (padding) get weight 0 in every mean; only garbage there (NaN/inf,
+            # seen in Σe) could still leak, as 0·NaN, so only such rows are zeroed
+            inv_s1 = inv_s1.masked_fill(~act[blk], 0.0)
+            garbage = ~torch.isfinite(sums.s1[blk]).view(-1)
+            if bool(garbage.any()):
+                e.view(-1, vocab)[garbage] = 0.0
         mixing = (d_mat + c_mat * mean_weight[blk].unsqueeze(1)) * inv_s1.unsqueeze(1)  # [c, B+G, B]
         free = buf[1:].view(-1, vocab)[: c * width].view(c, width, vocab)  # s and e² are spent
         mixes = torch.bmm(mixing, e, out=free)
