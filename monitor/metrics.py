@@ -1,8 +1,10 @@
 """The one home of forksight's math: per-token entropy statistics, ICT JS divergence, pass@k,
 token-selection helpers, and the fixed entropy histogram (docs: ../shared/ALGORITHMS.md §1–§9).
 
-Everything heavy works on chunks of token rows in float32, so the extra memory stays bounded
-by `chunk_size × V × 4` bytes however large B·T is; the logits are read once per chunk.
+Everything heavy works on blocks of token rows in float32 scratch, so the extra memory stays
+bounded by `chunk_size × V × 4` bytes however large B·T is. Per block the logits are read twice
+(max, then shift-and-convert); exp is taken once and H, H2, top-1 and log p come from three row
+sums of the same exp (ALGORITHMS.md §1). bench/metrics.py measures it against a log-prob pass.
 """
 from __future__ import annotations
 
@@ -278,8 +280,9 @@ def token_stats(
     """Shannon/Rényi-2 entropy, top-1 prob, log p(token) and ICT JS to the group mean, per token.
 
     Give logits [B, T, V] (any float dtype) or hidden [B, T, H] + weight [V, H] (+ bias [V]).
-    chunk_size bounds the extra memory to chunk_size × V × 4 bytes; with group_ids one position
-    of the whole batch (B + number of groups rows) is the smallest block.
+    chunk_size bounds the extra memory to chunk_size × V × 4 bytes. With group_ids a block is at
+    least one position of the whole batch (about 6·B rows of V), whatever chunk_size says.
+    Raises ValueError on bad shapes, ids out of range, or NaN/+inf logits at valid positions.
     """
     src = _Logits(logits, hidden, weight, bias)
     shape = (src.batch, src.time)
@@ -508,9 +511,11 @@ def _check_rho(rho: float) -> float:
 
 
 def fork_mask(entropy: Tensor, mask: Tensor, rho: float = 0.2) -> tuple[Tensor, float]:
-    """Fork tokens: valid tokens whose entropy ≥ the batch's (1−rho) quantile; returns (mask, τ)."""
+    """Fork tokens: valid tokens whose entropy ≥ the batch's (1−rho) quantile; returns (mask, τ).
+
+    The quantile interpolates linearly (numpy's default); τ = inf when no token is valid."""
     rho = _check_rho(rho)
-    valid = _as_mask(mask, tuple(entropy.shape), entropy.device)
+    valid = _as_mask(mask, tuple(entropy.shape), entropy.device) & ~torch.isnan(entropy)  # NaN: not computed
     values = entropy.detach()[valid].to(torch.float32)
     if values.numel() == 0:
         return torch.zeros_like(valid), float("inf")
@@ -519,9 +524,10 @@ def fork_mask(entropy: Tensor, mask: Tensor, rho: float = 0.2) -> tuple[Tensor, 
 
 
 def top_rho_per_response(score: Tensor, mask: Tensor, rho: float = 0.1) -> Tensor:
-    """Per row, valid tokens whose score ≥ that row's (1−rho) percentile; ≥ 1 per non-empty row."""
+    """Per row, valid tokens whose score ≥ that row's (1−rho) percentile (linear interpolation);
+    at least one token per non-empty row (the row's maximum always qualifies). NaN counts as invalid."""
     rho = _check_rho(rho)
-    valid = _as_mask(mask, tuple(score.shape), score.device)
+    valid = _as_mask(mask, tuple(score.shape), score.device) & ~torch.isnan(score)  # NaN: not computed
     x = score.detach().to(torch.float32).masked_fill(~valid, float("inf"))
     ordered = x.sort(dim=-1).values  # valid values first, ascending
     n = valid.sum(-1)

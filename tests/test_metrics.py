@@ -356,6 +356,11 @@ def test_fork_mask_keeps_top_rho_of_valid_tokens():
     assert not bool((selected & ~mask).any())
     assert abs(selected.sum().item() / mask.sum().item() - 0.2) <= 0.01
     assert bool((entropy[selected] >= threshold).all())
+    with_nan = entropy.clone()
+    with_nan[0] = float("nan")  # not computed: neither selected nor counted in the quantile
+    nan_selected, nan_threshold = fork_mask(with_nan, mask, rho=0.2)
+    assert nan_threshold == pytest.approx(float(np.quantile(entropy[1:][mask[1:]].numpy(), 0.8)), abs=1e-6)
+    assert not bool(nan_selected[0].any())
     empty, inf = fork_mask(entropy, torch.zeros_like(mask))
     assert not bool(empty.any()) and inf == float("inf")
 
@@ -378,6 +383,10 @@ def test_top_rho_per_response_matches_numpy_percentile():
         assert np.array_equal(selected[i].numpy(), expected)
         assert selected[i].sum() >= 1
     assert selected[0].sum().item() == 4  # 40 tokens, top 10% ≥ the 90th percentile
+    score[4, :20] = float("nan")  # not computed: the row's percentile comes from the rest
+    got = top_rho_per_response(score, mask, rho=0.1)[4]
+    assert not bool(got[:20].any())
+    assert torch.equal(got[20:], top_rho_per_response(score[4:, 20:], mask[4:, 20:], rho=0.1)[0])
 
 
 def test_token_covariance_matches_numpy():
