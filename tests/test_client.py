@@ -2,7 +2,6 @@
 a collector that is not there yet, flush at exit, and the embedded default."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
