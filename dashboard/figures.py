@@ -431,13 +431,27 @@ def entropy_heatmap(hist: pd.DataFrame | None, *, max_steps: int | None = None,
              "colorbar": {"title": {"text": "share"}, "thickness": 10, "tickformat": ".0%"},
              "meta": {"key": "histogram", "role": "heatmap", "bins": los},
              "hovertemplate": "step %{x}<br>entropy %{y} nats<br>share %{z:.1%}<extra></extra>"}
+    median = {"type": "scatter", "x": list(steps), "y": median_labels(share, labels),
+              "mode": "lines", "line": {"color": "#1864ab", "width": 2, "shape": "hv"},
+              "name": "median token", "hoverinfo": "skip", "showlegend": True,
+              "meta": {"key": "histogram", "role": "median", "bins": los}}
     tick_text = [text[labels.index(t)] for t in dict.fromkeys(ticks)]
     layout = _layout("Entropy distribution of all tokens per step (mass sliding to 0 = collapse)",
                      height=330, uirevision=uirevision, hovermode="closest",
                      yaxis={"type": "category", "title": {"text": "entropy (nats)"},
                             "tickmode": "array", "tickvals": list(dict.fromkeys(ticks)),
                             "ticktext": tick_text})
-    return {"data": [trace], "layout": layout}
+    layout["legend"] = {**layout["legend"], "x": 0.0, "xanchor": "left"}
+    return {"data": [trace, median], "layout": layout}
+
+
+def median_labels(share: np.ndarray, labels: Sequence[str]) -> list[str]:
+    """Per step, the label of the bin holding the median token: a line that falls with the
+    collapse, so the heatmap reads at a glance."""
+    if share.size == 0:
+        return []
+    idx = (np.cumsum(share, axis=1) >= 0.5).argmax(axis=1)
+    return [labels[i] for i in idx]
 
 
 # ---------------------------------------------------------------- run page: reward and pass@k

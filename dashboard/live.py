@@ -14,10 +14,11 @@ import numpy as np
 import pandas as pd
 from dash import Patch
 
-from dashboard.figures import (SEVERITY_COLOR, SEVERITY_SYMBOL, alert_text, by_key,
-                               ema_debiased, histogram_matrix, series, x_values)
+from dashboard.figures import (SEVERITY_COLOR, SEVERITY_SYMBOL, alert_text, bin_labels,
+                               by_key, ema_debiased, histogram_matrix, median_labels, series,
+                               x_values)
 
-GROWING_ROLES = ("raw", "smooth", "heatmap", "alerts")
+GROWING_ROLES = ("raw", "smooth", "heatmap", "median", "alerts")
 
 
 def trace_plan(figure: Any) -> list[dict]:
@@ -66,15 +67,19 @@ def extend_patch(plan: list[dict], scalars: pd.DataFrame | dict, *, last_step: i
             patch["data"][i]["x"].extend(x_values(rows, x_axis))
             patch["data"][i]["y"].extend([None if np.isnan(v) else float(v) for v in values])
             touched = True
-        elif role == "heatmap" and hist is not None and not hist.empty:
+        elif role in ("heatmap", "median") and hist is not None and not hist.empty:
             new = hist[hist["step"] > last_step]
-            steps, los, _, frac = histogram_matrix(new)
+            steps, los, his, frac = histogram_matrix(new)
             if not steps:
                 continue
             # map the new columns onto the drawn bins (edges are shared, ENTROPY_EDGES)
             cols = [int(np.argmin(np.abs(np.asarray(los) - b))) for b in entry["bins"]]
             patch["data"][i]["x"].extend(steps)
-            patch["data"][i]["z"].extend(frac[:, cols].tolist())
+            if role == "heatmap":
+                patch["data"][i]["z"].extend(frac[:, cols].tolist())
+            else:
+                labels = bin_labels([los[c] for c in cols], [his[c] for c in cols])
+                patch["data"][i]["y"].extend(median_labels(frac[:, cols], labels))
             touched = True
         elif role == "alerts" and new_alerts is not None and not new_alerts.empty:
             touched |= _extend_alerts(patch, i, new_alerts, scalars, x_axis)

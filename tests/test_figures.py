@@ -167,6 +167,9 @@ def test_histogram_heatmap_shows_each_steps_share_per_bin():
     z = np.array(fig["data"][0]["z"])
     assert fig["data"][0]["x"] == [0, 5]
     assert np.allclose(z, [[0.25, 0.25, 0.5], [0.75, 0.25, 0.0]])
+    # the median token's bin: half the mass reached in bin 1 at step 0, in bin 0 at step 5
+    labels = F.bin_labels([0.0, 0.1, 1.0], [0.1, 1.0, 2.0])
+    assert fig["data"][1]["y"] == [labels[1], labels[0]]
 
 
 def test_passk_figure_orders_k_and_draws_the_gap():
@@ -229,6 +232,7 @@ def test_live_patch_extends_heatmap_and_alert_markers():
     grown = apply_patch(drawn, patch)
     assert grown["data"][0]["x"] == [0, 1, 2]
     assert grown["data"][0]["z"][2] == pytest.approx([0.0, 0.0, 1.0])
+    assert grown["data"][1]["y"] == F.entropy_heatmap(hist)["data"][1]["y"]
     scal = scalars_frame(10)
     fig = F.entropy_figure(scal[scal.step < 5])
     alert = pd.DataFrame([{"step": 7, "severity": "critical", "detector": "d",
