@@ -22,6 +22,16 @@ TRL114 = REPO / ".venv" / "trl114"
 G, PROMPTS, LENGTH, MAX_STEPS = 4, 2, 6, 6
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """The tiny model is too small for intra-op threads: one thread is many times faster on a
+    busy 2-core machine (spinning workers fight other processes); restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 class LogProbe(TrainerCallback):
     """What TRL itself logged, step by step (the reference the stored values are checked against)."""
 
@@ -227,7 +237,7 @@ def test_trl_114_example_streams_through_a_real_collector(tmp_path):
 
     assert (TRL114 / "trl").is_dir(), f"TRL 1.14 is missing at {TRL114}: run `make setup` (it installs it there)"
     db = tmp_path / "c.duckdb"
-    env = {**os.environ, "PYTHONPATH": f"{TRL114}{os.pathsep}{REPO}"}
+    env = {**os.environ, "PYTHONPATH": f"{TRL114}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1"}
     with ServeProcess(db) as srv:
         proc = subprocess.run(
             [sys.executable, "examples/trl_grpo.py", "--url", srv.url, "--run", "ex114", "--steps", "2",
