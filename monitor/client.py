@@ -174,6 +174,11 @@ def open_sink(run: str = "run", url: str | None = None, db: str | None = None, *
     if nothing answers and embedded is set, rank 0 starts one in this process on
     ./forksight.duckdb. Ranks > 0 never open a DuckDB file (one process owns it).
     """
+    from monitor.schema import RUN_ID_RE, slug_run_name
+
+    if not RUN_ID_RE.match(str(run)):      # e.g. TRL's default run_name is the output dir path
+        log.warning("forksight: run name %r is not a valid run id; using %r", run, slug_run_name(run))
+        run = slug_run_name(run)
     meta = dict(project=project, strategy=strategy, model=model, config=config, rank=rank,
                 stop_on_alert=stop_on_alert)
     if url:

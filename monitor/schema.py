@@ -49,6 +49,12 @@ TOKEN_COLUMNS: dict[str, tuple[str, bool]] = {
 
 ARROW_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
 
+
+def slug_run_name(text: str) -> str:
+    """The nearest valid run id: runs of other characters become '-' (e.g. an output dir path)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-._")[:128]
+    return slug or "run"
+
 Step = Annotated[int, Field(ge=0, lt=MAX_STEP)]
 Rank = Annotated[int, Field(ge=0, le=MAX_RANK)]
 Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS)]

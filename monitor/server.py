@@ -114,7 +114,12 @@ def parse_arrow_tokens(body: bytes, rank: int) -> Records:
 async def ingest_impl(store: Store, known: set, run_id: str, records: Records, batch_id: str) -> dict:
     """Store one batch (once per batch id) and return what happened, with any alerts."""
     _require_run(store, known, run_id)
-    result = await asyncio.wrap_future(store.write(run_id, records, batch_id))
+    try:
+        result = await asyncio.wrap_future(store.write(run_id, records, batch_id))
+    except Exception as exc:  # noqa: BLE001 - nothing of the batch was stored (one transaction)
+        log.exception("write of batch %s for run %s failed", batch_id, run_id)
+        raise ApiError(500, f"the store could not write batch {batch_id} ({type(exc).__name__}: {exc}); "
+                       "nothing of it was stored: send it again") from None
     return {"run_id": run_id, "batch_id": batch_id, "stored": result.stored,
             "duplicate": not result.stored, "rows": result.rows, "alerts": result.alerts}
 

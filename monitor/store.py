@@ -154,6 +154,12 @@ class Store:
         run_id: create exactly this id, or update it if it exists. join: return the newest live
         run named `name` (ranks > 0), LookupError when there is none.
         """
+        from monitor.schema import RUN_ID_PATTERN, RUN_ID_RE, slug_run_name
+
+        for what, value in (("run name", name), ("run id", run_id)):
+            if value is not None and not RUN_ID_RE.match(value):
+                raise ValueError(f"{what} {value!r} must match {RUN_ID_PATTERN} (letters, digits, . _ -; "
+                                 f"at most 128 characters), e.g. {slug_run_name(value)!r}")
         config_text = json.dumps(config, allow_nan=False) if config is not None else None
 
         def create(cur) -> str:

@@ -160,6 +160,8 @@ def test_run_names_unless_taken_join_and_stale_heartbeat_reads_crashed(tmp_path)
         assert store.create_run("exp", join=True) == "exp-2"          # newest live run of that name
         with pytest.raises(LookupError):
             store.create_run("nobody", join=True)
+        with pytest.raises(ValueError, match="'my-run-1'"):          # suggests a name that works
+            store.create_run("my run #1")
         assert store.update_run("exp", status="finished") == []
         assert store.update_run("ghost", status="finished") is None
         time.sleep(0.7)
@@ -202,6 +204,12 @@ def test_null_sink_has_the_same_methods_and_does_nothing():
     sink.finish()
     assert sink.alerts == [] and sink.should_stop is False
     assert isinstance(open_sink("x", db="ignored.duckdb", rank=1), NullSink)
+
+
+def test_open_sink_turns_a_path_like_run_name_into_a_valid_id(tmp_path):
+    sink = open_sink("/tmp/out dir/run 1", db=str(tmp_path / "a.duckdb"))
+    assert sink.run_id == "tmp-out-dir-run-1"
+    sink.finish()
 
 
 def test_a_second_store_on_a_held_file_says_who_owns_it(tmp_path):
