@@ -77,6 +77,7 @@ class HttpSink(_Sink):
         self._closing = False
         self._next_try = 0.0
         self._backoff = 0.5
+        self._failures = 0
         self._last_contact = time.monotonic()
         if self._pending_create is not None:
             self._spool_item(self._pending_create)
@@ -138,14 +139,23 @@ class HttpSink(_Sink):
     def log_histogram(self, step: int, key: str, counts, edges) -> None:
         self._append("histograms", [_histogram_item(step, key, counts, edges)], 1)
 
-    def flush(self, timeout: float | None = 30.0) -> bool:
-        """Wait until everything logged so far is acknowledged; False on timeout (kept in spool)."""
+    def flush(self, timeout: float | None = 30.0, *, give_up_after_failures: int | None = None) -> bool:
+        """Wait until everything logged so far is acknowledged; False on timeout (kept in spool).
+
+        give_up_after_failures: stop waiting once that many retries failed and all is spooled
+        (finish() uses it so a script whose collector is gone exits in seconds, not 30 s).
+        """
         self._wake.set()
+        failures_before = self._failures
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._idle.wait(0.05):
             self._wake.set()
             if deadline is not None and time.monotonic() > deadline:
                 return False
+            if give_up_after_failures is not None and self._failures - failures_before >= give_up_after_failures:
+                with self._lock:
+                    if not self._outbox and not any(self._buf.values()):
+                        return False
         return True
 
     def finish(self, status: str = "finished", timeout: float = 30.0) -> None:
@@ -154,11 +164,11 @@ class HttpSink(_Sink):
             return
         self._finished = True
         _open_sinks.discard(self)
-        self.flush(timeout)
+        self.flush(timeout, give_up_after_failures=2)
         with self._lock:
             self._outbox.append(_Item("status", "status", json.dumps({"status": status}).encode()))
             self._idle.clear()
-        self.flush(min(timeout, 5.0))
+        self.flush(min(timeout, 5.0), give_up_after_failures=1)
         self._closing = True
         self._wake.set()
         self._thread.join(timeout=5.0)
@@ -258,6 +268,7 @@ class HttpSink(_Sink):
                 return
 
     def _retry_later(self) -> None:
+        self._failures += 1
         self._next_try = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, MAX_BACKOFF_S)
 

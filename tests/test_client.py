@@ -169,3 +169,15 @@ def test_embedded_default_starts_a_collector_another_process_streams_to(tmp_path
         status = dict(con.execute("SELECT run_id, status FROM runs").fetchall())
     assert rows == [("emb-a", s, float(s)) for s in range(5)] + [("emb-b", 0, 42.0)]
     assert status == {"emb-a": "finished", "emb-b": "finished"}
+
+
+def test_finish_with_the_collector_gone_returns_in_seconds_and_keeps_the_spool(tmp_path):
+    sink = HttpSink(f"http://127.0.0.1:{free_port()}", "gone", flush_interval=0.02, retries=1,
+                    spool_dir=tmp_path / "spool")
+    for step in range(3):
+        sink.log_scalars(step, {"loss": float(step)})
+    start = time.monotonic()
+    sink.finish()
+    assert time.monotonic() - start < 15
+    files = sorted(p.name.split(".")[1] for p in (tmp_path / "spool").glob("*.req"))
+    assert "run" in files and "json" in files and "status" in files       # nothing dropped
