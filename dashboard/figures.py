@@ -441,7 +441,6 @@ def entropy_heatmap(hist: pd.DataFrame | None, *, max_steps: int | None = None,
                      yaxis={"type": "category", "title": {"text": "entropy (nats)"},
                             "tickmode": "array", "tickvals": list(dict.fromkeys(ticks)),
                             "ticktext": tick_text})
-    layout["legend"] = {**layout["legend"], "x": 0.0, "xanchor": "left"}
     return {"data": [trace, median], "layout": layout}
 
 
