@@ -118,8 +118,11 @@ class ForksightCallback(TrainerCallback):
             return self
         try:
             self._install(trainer, accel)
+        except ValueError:
+            raise
         except Exception as exc:  # noqa: BLE001 - never break the user's run
             self.mode = None
+            self._uninstall()
             log.warning("forksight: per-token hooks could not be installed on this TRL trainer (%r); "
                         "monitoring TRL's logged scalars only", exc)
         return self
@@ -143,6 +146,9 @@ class ForksightCallback(TrainerCallback):
                          stop_on_alert=self.stop_on_alert)
 
     def _install(self, trainer, accel) -> None:
+        if self.correct_reward and self.correct_reward not in trainer.reward_func_names:
+            raise ValueError(f"correct_reward={self.correct_reward!r} is not a reward function of this trainer "
+                             f"({trainer.reward_func_names}); pass one of those names or leave it None")
         model = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         self.handle = AttachHandle(model, self.sink, tokenizer=tokenizer, owns_sink=False,
@@ -213,9 +219,6 @@ class ForksightCallback(TrainerCallback):
         size = local * accel.num_processes
         logs = trainer._logs
         n = min(size, len(logs["completion"]))
-        if self.correct_reward and self.correct_reward not in trainer.reward_func_names:
-            raise ValueError(f"correct_reward={self.correct_reward!r} is not a reward function of this trainer "
-                             f"({trainer.reward_func_names})")
         rewards, correct = self._rewards(logs, n)
         if not trainer.model.training:  # evaluation: only verdicts, for eval/pass@k
             G = trainer.num_generations_eval if getattr(trainer, "num_generations_eval", None) else trainer.num_generations
@@ -284,17 +287,22 @@ class ForksightCallback(TrainerCallback):
         if self._patched_model is not None:
             self._patched_model.__dict__["forward"] = self._forward_fused if on else self._forward_before
 
-    def detach(self, finish: bool | None = None) -> None:
-        """Remove hooks and patches, leave the trainer as it was; finish the sink if we opened it."""
+    def _uninstall(self) -> None:
+        """Remove the hooks, the fused-head patch and the generation tap."""
         if self.trainer is not None:
             self.trainer.__dict__.pop("_generate_and_score_completions", None)
-            if self in self.trainer.callback_handler.callbacks:
-                self.trainer.remove_callback(self)
         if self._patched_model is not None:
             self._patched_model.__dict__["forward"] = self._forward_before
             self._patched_model = None
         if self.handle is not None:
             self.handle.detach(finish=False)
+            self.handle = None
+
+    def detach(self, finish: bool | None = None) -> None:
+        """Remove hooks and patches, leave the trainer as it was; finish the sink if we opened it."""
+        self._uninstall()
+        if self.trainer is not None and self in self.trainer.callback_handler.callbacks:
+            self.trainer.remove_callback(self)
         if self.sink is not None and (self._sink_arg is None if finish is None else finish):
             self.sink.finish()
 
