@@ -192,15 +192,17 @@ def test_identical_rollouts_have_zero_js():
     assert stats.js.max().item() <= 1e-5
 
 
-def test_disjoint_supports_reach_log2_over_two_rollouts():
-    # p1, p2 one-hot on different tokens: P̄ = ½(p1+p2), JS(p1‖P̄) = ½ log 2 + ½(log(4/3)... ) by the reference
+def test_one_hot_rollouts_on_different_tokens_match_reference():
+    # p1, p2 one-hot on different tokens (all else -inf): P̄ = ½(p1 + p2), so M = (¾, ¼, 0, 0)
     z = torch.full((2, 1, 4), -float("inf"))
     z[0, 0, 0] = 0.0
     z[1, 0, 1] = 0.0
     stats = token_stats(z, group_ids=[0, 0])
     p = np.array([[1.0, 0, 0, 0], [0, 1.0, 0, 0]])
     expected = jensenshannon(p[0], p.mean(0)) ** 2
-    np.testing.assert_allclose(stats.js[:, 0].numpy(), [expected, expected], atol=TOL)
+    hand = 0.5 * math.log(4 / 3) + 0.5 * (0.5 * math.log(2 / 3) + 0.5 * math.log(2))  # ½KL(p‖M) + ½KL(P̄‖M)
+    assert expected == pytest.approx(hand)
+    np.testing.assert_allclose(stats.js[:, 0].numpy(), [hand, hand], atol=TOL)
 
 
 def test_hidden_state_path_equals_logits_path():
