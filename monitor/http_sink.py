@@ -79,12 +79,28 @@ class HttpSink(_Sink):
         self._backoff = 0.5
         self._failures = 0
         self._last_contact = time.monotonic()
+        if spool_dir is None:
+            self._adopt_old_spools()
         if self._pending_create is not None:
             self._spool_item(self._pending_create)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="forksight-send")
         self._thread = threading.Thread(target=self._loop, name=f"forksight-sink-{self.run_id}", daemon=True)
         self._thread.start()
         _open_sinks.add(self)
+
+    def _adopt_old_spools(self) -> None:
+        """Take over what an earlier process of this run and rank left undelivered (it ended
+        while the collector was down): its batches go first, in their order."""
+        old = sorted((d for d in SPOOL_ROOT.glob(f"{self.run_id}.r{self.rank}.*") if d.is_dir()),
+                     key=lambda d: d.stat().st_mtime)
+        for directory in old:
+            for path in sorted(directory.glob("*.req")):
+                item = self._read_spooled(path)
+                if item.kind in ("json", "arrow", "run"):     # its status/heartbeat are stale now
+                    self._spool_item(item)
+                path.unlink()
+            shutil.rmtree(directory, ignore_errors=True)
+            log.warning("forksight: replaying batches of run %s left undelivered in %s", self.run_id, directory)
 
     # -- run creation: name unless taken; ranks > 0 join the live run of that name
     def _open_run(self, name: str, rank: int) -> str:

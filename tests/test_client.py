@@ -11,8 +11,9 @@ import time
 import duckdb
 import httpx
 import numpy as np
+import pytest
 
-from collector_util import REPO, InProcessCollector, ServeProcess, free_port
+from collector_util import InProcessCollector, ServeProcess, free_port
 from monitor.client import HttpSink, open_sink
 
 WORKER = r"""
@@ -33,6 +34,12 @@ elif ending == "raise":
 """
 
 
+@pytest.fixture(autouse=True)
+def _own_spool(tmp_path, monkeypatch):
+    """Each test's sinks spool under its own tmp dir (./.forksight is relative to the cwd)."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _counts(url, run):
     return httpx.get(f"{url}/api/runs/{run}/counts", timeout=30).json()
 
@@ -41,7 +48,7 @@ def test_four_client_processes_write_at_once_and_exit_paths_flush(collector):
     steps, rows = 20, 300
     endings = ["finish", "finish", "exit", "raise"]
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, collector.url, f"proc{i}", str(steps), str(rows), e],
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              cwd=os.getcwd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i, e in enumerate(endings)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 1], [o[1][-500:] for o in outs]
@@ -181,3 +188,19 @@ def test_finish_with_the_collector_gone_returns_in_seconds_and_keeps_the_spool(t
     assert time.monotonic() - start < 15
     files = sorted(p.name.split(".")[1] for p in (tmp_path / "spool").glob("*.req"))
     assert "run" in files and "json" in files and "status" in files       # nothing dropped
+
+
+def test_a_later_process_of_the_run_delivers_what_an_earlier_one_left_in_the_spool(tmp_path, monkeypatch):
+    first = HttpSink(f"http://127.0.0.1:{free_port()}", "resume", flush_interval=0.02, retries=1)
+    for step in range(3):
+        first.log_scalars(step, {"loss": float(step)})
+    first.finish()                                                # collector gone: all kept on disk
+    assert list((tmp_path / ".forksight" / "spool").glob("resume.r0.*/*.req"))
+    with InProcessCollector(tmp_path / "r.duckdb") as server:
+        second = HttpSink(server.url, "resume", flush_interval=0.02)
+        assert second.run_id == "resume"                          # the name was never taken
+        second.log_scalars(3, {"loss": 3.0})
+        second.finish()
+        got = httpx.get(f"{server.url}/api/runs/resume/scalars").json()
+        assert [(g["step"], g["value"]) for g in got] == [(s, float(s)) for s in range(4)]
+    assert not list((tmp_path / ".forksight" / "spool").glob("resume.r0.*"))

@@ -21,6 +21,12 @@ from monitor.schema import ARROW_MEDIA_TYPE, MAX_BODY_BYTES, MAX_SCALAR_ROWS
 HOSTILE = ["<script>alert('x')</script>", "'); DROP TABLE scalars; --", "\" OR 1=1 --", "&lt;b&gt;", "é✓\u0000z"]
 
 
+@pytest.fixture(autouse=True)
+def _own_spool(tmp_path, monkeypatch):
+    """Each test's sinks spool under its own tmp dir (./.forksight is relative to the cwd)."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     with ServeProcess(tmp_path_factory.mktemp("srv") / "a.duckdb") as server:
