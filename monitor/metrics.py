@@ -92,9 +92,9 @@ def _as_groups(group_ids, batch: int, device) -> Tensor | None:
     g = torch.as_tensor(group_ids, device=device).detach().reshape(-1)
     if g.numel() != batch:
         raise ValueError(f"group_ids has {g.numel()} entries; expected one per row (B = {batch})")
-    if g.dtype.is_floating_point:
+    if g.dtype.is_floating_point and g.numel():  # an empty list arrives as float32
         raise ValueError(f"group_ids must be integers, got dtype {g.dtype}")
-    return torch.unique(g, return_inverse=True)[1]  # dense ids 0..n_groups-1
+    return torch.unique(g.long(), return_inverse=True)[1]  # dense ids 0..n_groups-1
 
 
 def _check_temperature(temperature: float) -> float:
@@ -339,13 +339,13 @@ def _stats_by_positions(
     gives every row's M and every group's P̄ straight from exp(s) (the 1/Σe folded into it).
     """
     batch, vocab, device = src.batch, src.vocab, src.device
-    n_groups = int(groups.max()) + 1
-    onehot = torch.nn.functional.one_hot(groups, n_groups).to(torch.float32)  # [B, G]
     positions = valid.any(0).nonzero().squeeze(1)  # only positions some row needs
     positions_host = positions.cpu()
     n_pos = positions.numel()
     if n_pos == 0:
         return
+    n_groups = int(groups.max()) + 1
+    onehot = torch.nn.functional.one_hot(groups, n_groups).to(torch.float32)  # [B, G]
     act = valid[:, positions].T.contiguous()  # [P, B]
     count = act.to(torch.float32) @ onehot  # [P, G] active rollouts per group and position
     # weight of row j in its group's mean at each position (0 when inactive): 1/count

@@ -249,6 +249,14 @@ def test_noncontiguous_logits_and_grad_inputs():
     np.testing.assert_allclose(stats.entropy.numpy(), ref_stats(z.detach().numpy())["entropy"], atol=TOL)
 
 
+def test_empty_batches_give_empty_results():
+    for shape in ((0, 4, 10), (3, 0, 10)):
+        stats = token_stats(torch.zeros(shape), tokens=torch.zeros(shape[:2], dtype=torch.long),
+                            group_ids=list(range(shape[0])))
+        assert stats.entropy.shape == shape[:2] and stats.js.shape == shape[:2]
+    assert token_kl(torch.zeros(0, 4, 10), torch.zeros(0, 4, 10)).shape == (0, 4)
+
+
 def test_bad_inputs_raise_clear_errors():
     z = torch.randn(2, 3, 10)
     with pytest.raises(ValueError, match="mask has shape"):
