@@ -143,10 +143,12 @@ def comparison(steps: int, lr: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewest steps (smoke run)")
-    parser.add_argument("--compare-steps", type=int, default=40)
+    parser.add_argument("--compare-steps", type=int, default=None,
+                        help="steps per strategy in the comparison (default 40, 4 with --quick)")
     parser.add_argument("--compare-lr", type=float, default=3e-4)
     args = parser.parse_args()
-    pairs, rate_steps, cmp_steps = (2, 2, 4) if args.quick else (3, 4, args.compare_steps)
+    pairs, rate_steps, cmp_steps = (2, 2, 4) if args.quick else (3, 4, 40)
+    cmp_steps = args.compare_steps or cmp_steps
     started = time.perf_counter()
     report: dict = {"torch_threads": torch.get_num_threads()}
 
