@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.spatial.distance import jensenshannon
-from scipy.special import logsumexp, softmax
+from scipy.special import logsumexp
 
 from monitor import metrics
 from monitor.metrics import (
