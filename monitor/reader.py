@@ -147,15 +147,19 @@ class Reader:
         since = ""
         if since_step is not None:
             since, params = " AND step >= ?", params + [int(since_step)]
+        # pick the kept steps first (a scan of one column), then sum only their bins: summing
+        # every bin of a long run before downsampling cost ~15x more on 10k steps
         return self._query(f"""
-            WITH h AS (SELECT step, bin_lo, bin_hi, sum(count) AS count FROM histograms
-                       WHERE run_id = ? AND key = ?{since} GROUP BY step, bin_lo, bin_hi),
-            steps AS (SELECT step, row_number() OVER (ORDER BY step) AS rn, count(*) OVER () AS n
-                      FROM (SELECT DISTINCT step FROM h)),
-            keep AS (SELECT step FROM steps
+            WITH steps AS (SELECT DISTINCT step FROM histograms WHERE run_id = ? AND key = ?{since}),
+            ranked AS (SELECT step, row_number() OVER (ORDER BY step) AS rn, count(*) OVER () AS n
+                       FROM steps),
+            keep AS (SELECT step FROM ranked
                      WHERE (rn - 1) % greatest(1, CAST(ceil(n / ?) AS BIGINT)) = 0 OR rn = n)
-            SELECT h.step, h.bin_lo, h.bin_hi, h.count FROM h JOIN keep USING (step)
-            ORDER BY h.step, h.bin_lo""", [*params, max(1, int(downsample))])
+            SELECT h.step, h.bin_lo, h.bin_hi, sum(h.count) AS count
+            FROM histograms h SEMI JOIN keep USING (step)
+            WHERE h.run_id = ? AND h.key = ?{since}
+            GROUP BY h.step, h.bin_lo, h.bin_hi
+            ORDER BY h.step, h.bin_lo""", [*params, max(1, int(downsample)), *params])
 
     def histogram_keys(self, run_id: str) -> list[str]:
         df = self._query("SELECT DISTINCT key FROM histograms WHERE run_id = ? ORDER BY key", [run_id])
