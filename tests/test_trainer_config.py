@@ -40,6 +40,8 @@ def test_errors_name_the_field_and_the_reason(tmp_path):
         load_config(overrides={"task": "jsonl"})
     with pytest.raises(ValueError, match="not both"):
         load_config(overrides={"db": "a.duckdb", "url": "http://127.0.0.1:1"})
+    with pytest.raises(ValueError, match="device must be cpu, cuda, cuda:N or mps, got 'gpu'"):
+        load_config(overrides={"device": "gpu"})
     with pytest.raises(ValueError, match="unknown preset 'fast'"):
         load_config(preset="fast")
     bad = tmp_path / "list.yaml"

@@ -6,10 +6,11 @@ No torch import here: `forksight --help` builds its flags from this module.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Strategy = Literal["all", "fork", "ict", "random", "stapo", "maxtok", "mintok", "rand1tok"]
 STRATEGIES: tuple[str, ...] = ("all", "fork", "ict", "random", "stapo", "maxtok", "mintok", "rand1tok")
@@ -28,6 +29,10 @@ class TrainConfig(BaseModel):
     # -- model ---------------------------------------------------------------------------------
     model: str | None = _f(None, "model", "Local HF causal-LM directory; default: the tiny "
                            "offline Qwen2 built by trainer.model.build_tiny().")
+    device: str = _f("cpu", "model", "Torch device for the policy, reference and teacher: cpu, "
+                     "cuda, cuda:1, ... (multi-rank CUDA runs use NCCL, CPU runs gloo).")
+    dtype: Literal["float32", "bfloat16", "float16"] = _f(
+        "float32", "model", "Weights dtype when loading the model (statistics are always float32).")
     warmup: bool = _f(True, "model", "Supervised warm-up before RL until sampled pass@1 reaches "
                       "warmup_pass (cached next to the model).")
     warmup_pass: float = _f(0.3, "model", "Sampled pass@1 at which the warm-up stops.", ge=0, le=1)
@@ -96,6 +101,13 @@ class TrainConfig(BaseModel):
                          ge=0)
     resume: bool = _f(False, "monitoring", "Continue from out_dir/<run>/checkpoint.pt.")
     progress: bool = _f(True, "monitoring", "Show a tqdm bar with live reward and entropy.")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", value):
+            raise ValueError(f"device must be cpu, cuda, cuda:N or mps, got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":

@@ -63,11 +63,11 @@ class Context:
 # setup
 
 
-def _dist() -> tuple[int, int]:
-    """(rank, world size); joins the torchrun process group (gloo) when launched by torchrun."""
+def _dist(device: str = "cpu") -> tuple[int, int]:
+    """(rank, world size); joins the torchrun process group (gloo on CPU, NCCL on CUDA)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("gloo")
+        torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     if world > 1:
         return torch.distributed.get_rank(), world
     return 0, 1
@@ -121,13 +121,20 @@ def setup(config: TrainConfig, sink=None, *, model=None, tokenizer=None,
           teacher=None) -> tuple[Context, Any]:
     """Build the step context (and the sink unless one is given). model/tokenizer/teacher:
     use these objects instead of loading (benchmarks, notebooks)."""
-    rank, world = _dist()
+    device = config.device
+    if device == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"  # one GPU per rank
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)  # NCCL collectives use the current device
+    rank, world = _dist(device)
+    dtype = getattr(torch, config.dtype)
     task = make_task(config.task, level=config.level, reverse=config.reverse, path=config.task_path)
     if model is None:
         policy_path, teacher_path = resolve_models(config, task, rank, world)
-        model, tokenizer = load(policy_path)
+        model, tokenizer = load(policy_path, dtype=dtype)
     else:
         policy_path, teacher_path = "(given)", config.teacher
+    model.to(device)
     torch.manual_seed(config.seed)  # identical initial weights are given; this seeds the rest
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
@@ -139,7 +146,9 @@ def setup(config: TrainConfig, sink=None, *, model=None, tokenizer=None,
         if teacher_path is None:
             raise ValueError(f"strategy {config.strategy!r} needs a teacher: set teacher (a model "
                              "directory) or keep the default warm-up teacher")
-        teacher = load(teacher_path)[0].eval().requires_grad_(False)
+        teacher = load(teacher_path, dtype=dtype)[0].eval().requires_grad_(False)
+    if teacher is not None:
+        teacher.to(device)
     run_name = config.run or f"{config.strategy}-{task.name}-s{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     if world > 1:  # ranks may disagree on the clock: rank 0's name wins
         shared = [run_name]
@@ -175,7 +184,8 @@ def rollout_batch(ctx: Context, step: int) -> tuple[Rollout, list, torch.Tensor,
                     group_offset=ctx.rank * cfg.prompts_per_step)
     verdicts = [ctx.task.verify(problems[i // cfg.group_size], text)
                 for i, text in enumerate(roll.texts)]
-    rewards = torch.tensor([r for r, _ in verdicts], dtype=torch.float32)
+    rewards = torch.tensor([r for r, _ in verdicts], dtype=torch.float32,
+                           device=roll.completion.device)
     return roll, problems, rewards, [c for _, c in verdicts]
 
 
@@ -409,6 +419,8 @@ def train(config: TrainConfig, sink=None) -> TrainResult:
 def _should_stop(sink, world: int) -> bool:
     """Any rank's sink saw a critical alert (with stop_on_alert): every rank stops together."""
     flag = torch.tensor([1.0 if getattr(sink, "should_stop", False) else 0.0])
+    if world > 1 and torch.distributed.get_backend() == "nccl":
+        flag = flag.cuda()
     if world > 1:
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
     return bool(flag.item())
