@@ -40,3 +40,15 @@ def collector(tmp_path):
 
     with ServeProcess(tmp_path / "collector.duckdb") as srv:
         yield srv
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """The tiny model gains nothing from intra-op threads, and on a busy 2-core machine their
+    spinning workers fight other processes (runs got 3-9x slower): one thread, restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -12,19 +12,7 @@ from monitor.store import Store
 from trainer.config import load_config
 from trainer.loop import train
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """The tiny model gains nothing from intra-op threads, and on a busy 2-core machine their
-    spinning made a 12-step run 9x slower (44 s vs 5 s wall, measured): use one, then restore."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def _train(tmp_path, preset: str, **over):

@@ -13,15 +13,7 @@ from monitor.client import LocalSink
 
 TEXTS = ["Q: 12+34= A: 46", "Q: 1+2= A: 3", "Q: 55+5= A: 60", "Q: 9+9= A: 18"]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model is too small for intra-op threads: one thread is many times faster on a
-    busy 2-core machine (spinning workers fight other processes); restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _batch(tokenizer):

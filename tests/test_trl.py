@@ -21,15 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 TRL114 = REPO / ".venv" / "trl114"
 G, PROMPTS, LENGTH, MAX_STEPS = 4, 2, 6, 6
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model is too small for intra-op threads: one thread is many times faster on a
-    busy 2-core machine (spinning workers fight other processes); restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class LogProbe(TrainerCallback):
