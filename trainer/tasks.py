@@ -246,6 +246,7 @@ def make_task(name: str, *, level: int = 1, reverse: bool = True, path: str | No
 
 
 def held_out(task: Task, n: int, seed: int) -> list[Problem]:
-    """A fixed set of evaluation problems, drawn from a seed the training stream never uses."""
+    """A fixed set of evaluation problems from their own seed. Not disjoint from training:
+    two-digit addition has only 8,100 problems, so some also appear in training batches."""
     rng = random.Random(f"eval-{seed}")
     return [task.sample(rng) for _ in range(n)]
