@@ -59,7 +59,7 @@ class LocalSink(_Sink):
 
     def __init__(self, db: str, run: str, *, project: str = "default", strategy: str | None = None,
                  model: str | None = None, config: dict | None = None, rank: int = 0,
-                 stop_on_alert: bool = False, store=None):
+                 stop_on_alert: bool = False, store=None, resume: bool = False):
         from monitor.store import Store
 
         super().__init__(stop_on_alert)
@@ -68,7 +68,7 @@ class LocalSink(_Sink):
         self.reader = self.store.reader
         self.rank = rank
         self.run_id = self.store.create_run(run, project=project, strategy=strategy, model=model,
-                                            config=config)
+                                            config=config, run_id=run if resume else None)
         self._pending: set = set()
         self._lock = threading.Lock()
         self._ended = threading.Event()
@@ -167,19 +167,20 @@ def collector_answers(url: str, token: str | None = None, timeout: float = 0.5) 
 def open_sink(run: str = "run", url: str | None = None, db: str | None = None, *,
               strategy: str | None = None, model: str | None = None, config: dict | None = None,
               project: str = "default", rank: int = 0, stop_on_alert: bool = False,
-              embedded: bool = True, token: str | None = None) -> _Sink:
+              embedded: bool = True, token: str | None = None, resume: bool = False) -> _Sink:
     """The sink for one run: HTTP to `url`, in-process on `db`, or the embedded default.
 
     With neither: stream to the collector at $FORKSIGHT_URL (default http://127.0.0.1:8050);
     if nothing answers and embedded is set, rank 0 starts one in this process on
     ./forksight.duckdb. Ranks > 0 never open a DuckDB file (one process owns it).
+    resume: continue the run whose id is `run` (a resumed training run), not a new `run-2`.
     """
     from monitor.schema import RUN_ID_RE, slug_run_name
 
     if not RUN_ID_RE.match(str(run)):      # e.g. TRL's default run_name is the output dir path
         log.warning("forksight: run name %r is not a valid run id; using %r", run, slug_run_name(run))
         run = slug_run_name(run)
-    meta = dict(project=project, strategy=strategy, model=model, config=config, rank=rank,
+    meta = dict(project=project, strategy=strategy, model=model, config=config, rank=rank, resume=resume,
                 stop_on_alert=stop_on_alert)
     if url:
         return HttpSink(url, run, token=token, **meta)

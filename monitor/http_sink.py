@@ -45,7 +45,7 @@ class HttpSink(_Sink):
                  stop_on_alert: bool = False, token: str | None = None,
                  flush_interval: float = 0.25, max_batch_rows: int = 262_144,
                  spool_dir: str | os.PathLike | None = None, retries: int = 3,
-                 heartbeat_interval: float = 10.0):
+                 heartbeat_interval: float = 10.0, resume: bool = False):
         import httpx
 
         super().__init__(stop_on_alert)
@@ -64,6 +64,7 @@ class HttpSink(_Sink):
         self._server_errors: dict[str, int] = {}
         self._run_meta = {"name": run, "project": project, "strategy": strategy, "model": model,
                           "config": config}
+        self._resume = resume
         self.run_id = self._open_run(run, rank)
         self._spool = Path(spool_dir) if spool_dir else SPOOL_ROOT / f"{self.run_id}.r{rank}.{uuid.uuid4().hex[:8]}"
         self._spool_seq = 0
@@ -111,7 +112,9 @@ class HttpSink(_Sink):
         deadline = time.monotonic() + (30.0 if rank else 0.0)
         while True:
             try:
-                resp = self._http.post("/api/runs", json={**body, "join": rank > 0})
+                # resume: rank 0 continues the run with exactly this id (upsert), not name-2
+                first = {**body, "run_id": name} if self._resume and not rank else {**body, "join": rank > 0}
+                resp = self._http.post("/api/runs", json=first)
             except httpx.TransportError as exc:
                 log.warning("forksight: collector %s unreachable (%s); spooling run %r to disk until it answers",
                             self.url, exc, name)

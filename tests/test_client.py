@@ -204,3 +204,19 @@ def test_a_later_process_of_the_run_delivers_what_an_earlier_one_left_in_the_spo
         got = httpx.get(f"{server.url}/api/runs/resume/scalars").json()
         assert [(g["step"], g["value"]) for g in got] == [(s, float(s)) for s in range(4)]
     assert not list((tmp_path / ".forksight" / "spool").glob("resume.r0.*"))
+
+
+def test_resume_continues_the_same_run_over_http_while_a_new_run_of_that_name_gets_name_2(tmp_path):
+    with InProcessCollector(tmp_path / "resume.duckdb") as server:
+        first = open_sink("again", url=server.url)
+        first.log_scalars(1, {"loss": 1.0})
+        first.finish()
+        resumed = open_sink("again", url=server.url, resume=True)
+        resumed.log_scalars(2, {"loss": 0.5})
+        resumed.finish()
+        fresh = open_sink("again", url=server.url)
+        fresh.finish()
+        assert (first.run_id, resumed.run_id, fresh.run_id) == ("again", "again", "again-2")
+        reader = server.collector.store.reader
+        stored = reader.read_scalars("again")
+        assert stored.step.tolist() == [1, 2] and stored.value.tolist() == [1.0, 0.5]

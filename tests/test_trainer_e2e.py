@@ -79,9 +79,11 @@ def test_resume_continues_the_step_count(tmp_path):
     import torch
 
     assert torch.load(resumed.checkpoint, weights_only=False)["step"] == 3
+    assert resumed.run_id == first.run_id  # the same run continues, not a new name-2
     with Store(str(tmp_path / "t.duckdb"), alerts=False) as store:
         steps = sorted(set(store.reader.read_scalars(resumed.run_id).step))
-    assert steps == [3]  # the resumed process trained step 3 only
+        assert len(store.reader.list_runs()) == 1
+    assert steps == [1, 2, 3]  # steps 1-2 from the first process, step 3 from the resumed one
 
 
 def test_collapse_preset_drives_entropy_down_and_reward_up(tmp_path):

@@ -110,7 +110,7 @@ def open_run_sink(config: TrainConfig, run_name: str, rank: int, world: int):
     common = dict(url=config.url, db=config.db, strategy=config.strategy,
                   model=config.model or "tiny-qwen2", config=config.model_dump(),
                   project=config.project, stop_on_alert=config.stop_on_alert)
-    sink = open_sink(run=run_name, rank=0, **common) if rank == 0 else None
+    sink = open_sink(run=run_name, rank=0, resume=config.resume, **common) if rank == 0 else None
     _barrier(world)  # the run exists before the other ranks ask to join it
     if rank != 0:
         sink = open_sink(run=run_name, rank=rank, **common)
