@@ -18,6 +18,13 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--token", default=None,
                        help="require 'Authorization: Bearer TOKEN' on every request (default $FORKSIGHT_TOKEN)")
     serve.add_argument("--no-dashboard", action="store_true", help="serve the API only")
+    serve.add_argument("--alerts-config", metavar="FILE", default=None,
+                       help="YAML/JSON alert thresholds (default $FORKSIGHT_ALERTS_CONFIG; see "
+                       "`forksight alerts replay` to tune them on a stored run)")
+    serve.add_argument("--alert", metavar="SECTION.FIELD=VALUE", action="append", default=[],
+                       help="override one alert setting, e.g. --alert collapse.floor=0.1 (repeatable)")
+    serve.add_argument("--webhook", metavar="URL", default=None,
+                       help="post every alert to this Slack-compatible webhook (default $FORKSIGHT_WEBHOOK_URL)")
     serve.set_defaults(func=run_serve)
 
     export = subparsers.add_parser("export", help="write a run as hive-partitioned Parquet",
@@ -41,7 +48,12 @@ def run_serve(args: argparse.Namespace) -> int:
               "(or set FORKSIGHT_TOKEN) and send 'Authorization: Bearer T'", file=sys.stderr)
         return 2
     try:
-        store = Store(args.db)
+        hub = _alert_hub(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"forksight serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        store = Store(args.db, hub=hub)
     except RuntimeError as exc:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 1
@@ -57,6 +69,16 @@ def run_serve(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def _alert_hub(args: argparse.Namespace):
+    """The collector's alert hub from --alerts-config/--alert/--webhook (None: the env defaults)."""
+    if not (args.alerts_config or args.alert or args.webhook):
+        return None
+    from monitor.alerts import ENV_CONFIG, AlertHub, load_alert_config
+
+    config = load_alert_config(args.alerts_config or os.environ.get(ENV_CONFIG), args.alert)
+    return AlertHub(config, webhook_url=args.webhook)
 
 
 def run_export(args: argparse.Namespace) -> int:
