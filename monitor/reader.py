@@ -81,20 +81,23 @@ class Reader:
                      since_step: int | None = None) -> pd.DataFrame:
         """(key, step, value, wall_time) with ranks merged by weighted mean; ≤ downsample points per key."""
         where, params = self._scalar_filter(run_id, keys, since_step)
+        # choose the kept (key, step) pairs first, then merge ranks for those only: merging
+        # every row of a long run before downsampling cost 2x more on 10k steps
         df = self._query(f"""
-            WITH merged AS (
-                SELECT key, step,
-                       CASE WHEN sum(coalesce(weight, 1)) > 0
-                            THEN sum(value * coalesce(weight, 1)) / sum(coalesce(weight, 1))
-                            ELSE avg(value) END AS value,
-                       max(wall_time) AS wall_time, count(DISTINCT rank) AS ranks
-                FROM scalars WHERE {where} GROUP BY key, step),
-            ranked AS (
-                SELECT *, row_number() OVER (PARTITION BY key ORDER BY step) AS rn,
-                       count(*) OVER (PARTITION BY key) AS n FROM merged)
-            SELECT key, step, value, wall_time, ranks FROM ranked
-            WHERE (rn - 1) % greatest(1, CAST(ceil(n / ?) AS BIGINT)) = 0 OR rn = n
-            ORDER BY key, step""", [*params, max(1, int(downsample))])
+            WITH ks AS (SELECT DISTINCT key, step FROM scalars WHERE {where}),
+            ranked AS (SELECT key, step, row_number() OVER (PARTITION BY key ORDER BY step) AS rn,
+                              count(*) OVER (PARTITION BY key) AS n FROM ks),
+            keep AS (SELECT key, step FROM ranked
+                     WHERE (rn - 1) % greatest(1, CAST(ceil(n / ?) AS BIGINT)) = 0 OR rn = n)
+            SELECT key, step,
+                   CASE WHEN sum(coalesce(weight, 1)) > 0
+                        THEN sum(value * coalesce(weight, 1)) / sum(coalesce(weight, 1))
+                        ELSE avg(value) END AS value,
+                   max(wall_time) AS wall_time, count(DISTINCT rank) AS ranks
+            FROM scalars SEMI JOIN keep USING (key, step)
+            WHERE {where}
+            GROUP BY key, step
+            ORDER BY key, step""", [*params, max(1, int(downsample)), *params])
         df = self._merge_percentiles(run_id, df)
         return df.drop(columns="ranks").reset_index(drop=True)
 
