@@ -49,8 +49,13 @@ class StepReporter:
                selected: torch.Tensor | None = None, fork: torch.Tensor | None = None,
                group_ids: Sequence[int] | torch.Tensor | None = None,
                advantages: torch.Tensor | None = None, samples: list[dict] | None = None,
-               extra: dict[str, float] | None = None, weight: float | None = None) -> dict[str, float]:
-        """Ship one step to the sink and return its scalars (for progress bars)."""
+               extra: dict[str, float] | None = None, weight: float | None = None,
+               sample_ids: Sequence[int] | None = None) -> dict[str, float]:
+        """Ship one step to the sink and return its scalars (for progress bars).
+
+        sample_ids: the stored id of each row (default its row index); several ranks of one run
+        pass ids (and group ids) that do not collide, so a sample's rows never mix across ranks.
+        """
         mask = stats.mask.bool()
         if fork is None:
             fork = (stats.entropy >= self.fork_threshold) & mask
@@ -67,6 +72,9 @@ class StepReporter:
         if group_ids is None:
             group_ids = list(range(mask.shape[0]))
         group_list = [int(g) for g in _np(group_ids).tolist()]
+        ids = list(range(mask.shape[0])) if sample_ids is None else [int(i) for i in sample_ids]
+        if len(ids) != mask.shape[0]:
+            raise ValueError(f"sample_ids has {len(ids)} entries for {mask.shape[0]} rows: give one id per row")
         if samples:
             scalars.update(group_scalars(group_list, [s["reward"] for s in samples],
                                          [bool(s.get("correct", False)) for s in samples]))
@@ -77,14 +85,14 @@ class StepReporter:
         if n_tokens:
             counts = metrics.histogram(_np(stats.entropy[mask]), metrics.ENTROPY_EDGES)
             self.sink.log_histogram(step, "entropy", counts, metrics.ENTROPY_EDGES)
-        rows = self._token_rows(stats, token_ids, mask, fork, selected, group_list)
+        rows = self._token_rows(stats, token_ids, mask, fork, selected, group_list, ids)
         if rows:
             self.sink.log_tokens(step, rows)
         if samples:
-            self.sink.log_samples(step, self._sample_rows(samples, group_list, mask))
+            self.sink.log_samples(step, self._sample_rows(samples, group_list, mask, ids))
         return scalars
 
-    def _token_rows(self, stats, token_ids, mask, fork, selected, group_list) -> dict[str, list] | None:
+    def _token_rows(self, stats, token_ids, mask, fork, selected, group_list, sample_ids) -> dict[str, list] | None:
         """Token rows for every rollout of the first `token_groups` groups, capped in size."""
         chosen_groups = list(dict.fromkeys(group_list))[: self.token_groups]
         rows = [r for r, g in enumerate(group_list) if g in chosen_groups]
@@ -101,7 +109,7 @@ class StepReporter:
             if len(cols["pos"]) + len(positions) > self.max_token_rows:
                 break
             n = len(positions)
-            cols["sample_id"] += [r] * n
+            cols["sample_id"] += [sample_ids[r]] * n
             cols["pos"] += list(range(n))
             cols["token_id"] += ids[r, positions].tolist()
             cols["token"] += self._token_texts(ids[r, positions].tolist())
@@ -118,11 +126,12 @@ class StepReporter:
         return self.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False)
 
     @staticmethod
-    def _sample_rows(samples: list[dict], group_list: list[int], mask: torch.Tensor) -> list[dict]:
+    def _sample_rows(samples: list[dict], group_list: list[int], mask: torch.Tensor,
+                     sample_ids: list[int]) -> list[dict]:
         lengths = mask.sum(dim=1).tolist()
         return [
             {
-                "sample_id": i,
+                "sample_id": sample_ids[i],
                 "group_id": group_list[i],
                 "prompt": s.get("prompt", ""),
                 "completion": s.get("completion", ""),

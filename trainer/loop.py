@@ -303,9 +303,13 @@ def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, flo
                 "reward": float(rewards[i]), "correct": correct[i], "source": ctx.task.name}
                for i, text in enumerate(roll.texts)]
     start = time.perf_counter()
+    # ids unique across ranks: every rank stores its rows in the same run
+    rows_here, groups_here = roll.completion.shape[0], cfg.prompts_per_step
     scalars = ctx.reporter.report(step, stats, roll.completion, selected=sel.mask,
-                                  group_ids=roll.group_ids, advantages=adv, samples=samples,
-                                  extra=extra, weight=float(valid.sum()))
+                                  group_ids=roll.group_ids + ctx.rank * groups_here,
+                                  advantages=adv, samples=samples, extra=extra,
+                                  weight=float(valid.sum()),
+                                  sample_ids=range(ctx.rank * rows_here, (ctx.rank + 1) * rows_here))
     ctx.report_seconds = time.perf_counter() - start  # for benchmarks; not streamed
     return scalars
 
