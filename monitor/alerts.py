@@ -28,6 +28,7 @@ from monitor.detectors import (
     NonFiniteDetector,
     StagnationDetector,
 )
+from monitor.schema import NONFINITE_PREFIX
 
 __all__ = ["Alert", "AlertConfig", "AlertMonitor", "AlertHub", "load_alert_config", "ALERT_COLUMNS"]
 
@@ -35,6 +36,7 @@ logger = logging.getLogger("forksight.alerts")
 
 # read by AlertHub() when not given explicitly: the collector builds its hub with no arguments,
 # so these reach `forksight serve`, the embedded collector and Docker without new flags
+_FROM_CODE = {0.0: math.nan, 1.0: math.inf, -1.0: -math.inf}
 ENV_CONFIG = "FORKSIGHT_ALERTS_CONFIG"    # path of a YAML/JSON alert config
 ENV_WEBHOOK = "FORKSIGHT_WEBHOOK_URL"     # Slack-compatible webhook URL
 
@@ -226,6 +228,9 @@ class AlertMonitor:
                 value = float(raw)
             except (TypeError, ValueError):
                 continue  # strings, None, tensors with >1 element: not a statistic we read
+            if key.startswith(NONFINITE_PREFIX):  # a sink's marker for a value it could not store
+                bad[key[len(NONFINITE_PREFIX):]] = _FROM_CODE.get(value, math.nan)
+                continue
             (finite if math.isfinite(value) else bad)[key] = value
         alerts: list[Alert] = []
         if self._non_finite is not None:

@@ -19,6 +19,7 @@ MAX_SAMPLE_ROWS = 20_000               # sample rows in one batch
 MAX_HISTOGRAMS = 10_000                # histograms in one batch
 MAX_BINS = 10_000                      # bins in one histogram
 MAX_KEY_CHARS = 200                    # scalar / histogram key
+NONFINITE_PREFIX = "nonfinite/"         # sinks send nonfinite/<key> = 0 (NaN), 1 (+inf), -1 (-inf) in place of a non-finite <key>
 MAX_TEXT_CHARS = 64 * 1024             # prompt, completion
 MAX_TOKEN_CHARS = 1024                 # one decoded token's text
 MAX_SHORT_CHARS = 200                  # project, strategy, model, source, detector ...

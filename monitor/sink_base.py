@@ -18,10 +18,13 @@ def _warn_once(warned: set, what: str, message: str, *args) -> None:
         log.warning(message, *args)
 
 
+_NONFINITE_CODE = {"nan": 0.0, "inf": 1.0, "-inf": -1.0}   # see schema.NONFINITE_PREFIX
+
+
 def _finite_scalars(step: int, values: Mapping[str, Any], weight, warned: set) -> list[dict]:
     # a NaN loss must not crash training, nor cost the step's other numbers (the collector
     # refuses a whole batch with one bad value): drop what cannot be stored, say so once
-    from monitor.schema import MAX_KEY_CHARS
+    from monitor.schema import MAX_KEY_CHARS, NONFINITE_PREFIX
 
     rows, now = [], time.time()
     weight = None if weight is None else float(weight.item() if hasattr(weight, "item") else weight)
@@ -34,6 +37,10 @@ def _finite_scalars(step: int, values: Mapping[str, Any], weight, warned: set) -
         if not math.isfinite(value):
             _warn_once(warned, key, "scalar %r is %s at step %s: not stored (the store keeps finite numbers only)",
                        key, value, step)
+            # a finite marker in its place, so the collector's non-finite alert still fires
+            if not key.startswith(NONFINITE_PREFIX):
+                rows.append({"step": int(step), "key": NONFINITE_PREFIX + key, "value": _NONFINITE_CODE[str(value)],
+                             "weight": weight, "wall_time": now})
             continue
         if not key or len(key) > MAX_KEY_CHARS:
             _warn_once(warned, key, "scalar key %r is empty or over %d characters: not stored", key[:80], MAX_KEY_CHARS)
