@@ -36,12 +36,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def interruptible() -> None:
+    """SIGINT and SIGTERM raise KeyboardInterrupt, so every command's clean-shutdown path runs
+    (checkpoint, flush, close the DuckDB file) even when started in the background, where a
+    shell leaves SIGINT ignored, or stopped by `docker stop` / a supervisor (SIGTERM)."""
+    import signal
+
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if args.command == "train":   # serve: uvicorn handles its own; demo: a stop flag
+        interruptible()
     result = args.func(args)
     return int(result or 0)
 

@@ -55,3 +55,52 @@ def test_demo_trains_three_strategies_live_and_alerts_on_the_collapsing_one(tmp_
     # the demo's collector is gone: nothing left listening
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=1)
+
+
+def _latest_step(port: int, run_id: str) -> int:
+    try:
+        resp = httpx.get(f"http://127.0.0.1:{port}/api/runs/{run_id}/scalars",
+                         params={"keys": "entropy/mean"}, timeout=2)
+    except httpx.HTTPError:
+        return -1
+    if resp.status_code != 200 or not resp.json():
+        return -1
+    body = resp.json()
+    steps = body["step"] if isinstance(body, dict) else [row["step"] for row in body]
+    return max(steps) if steps else -1
+
+
+def test_ctrl_c_stops_the_demo_cleanly_and_loses_no_stored_step(tmp_path):
+    import json
+    import signal
+    import time
+
+    db = tmp_path / "demo.duckdb"
+    port = _free_port()
+    argv = [sys.executable, "-m", "monitor.cli", "demo", "--db", str(db), "--port", str(port),
+            "--steps", "100000"]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        names = ("demo-all", "demo-fork", "demo-ict")
+        while min(_latest_step(port, n) for n in names) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, "the demo never streamed 3 steps"
+            time.sleep(1)
+        os.killpg(proc.pid, signal.SIGINT)       # a terminal's Ctrl-C goes to the whole group
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    assert "stopping after the current step" in out
+    with Store(str(db), alerts=False) as store:
+        runs = store.reader.list_runs().set_index("name")
+        for name in names:
+            assert runs.loc[name, "status"] == "stopped"
+            # what each trainer says it trained is exactly what the store holds
+            log = (tmp_path / ".forksight" / "demo" / f"{name.split('-')[1]}.log").read_text()
+            summary = json.loads(next(line for line in log.splitlines() if line.startswith("{")))
+            stored = store.reader.read_scalars(runs.loc[name, "run_id"], ["entropy/mean"], downsample=10**6)
+            assert stored.step.max() == summary["steps"] and stored.step.nunique() == summary["steps"]
+            assert (tmp_path / "runs" / name / "checkpoint.pt").exists()

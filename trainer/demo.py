@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -111,6 +112,18 @@ def run(args: argparse.Namespace) -> int:
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     started = time.monotonic()
+    # Ctrl-C / SIGTERM set a flag the loop polls: an exception raised into whatever runs at that
+    # moment (a DuckDB query, a print) would skip the clean shutdown below
+    stop = threading.Event()
+
+    def on_signal(*_):
+        if stop.is_set():      # a second Ctrl-C (e.g. during the warm-up): stop right away
+            raise KeyboardInterrupt
+        stop.set()
+        print("\nforksight demo: stopping after the current step (Ctrl-C again to force)…", flush=True)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
     try:
         collector = Collector(args.db, host=args.host, port=args.port).start()
     except (RuntimeError, ValueError) as exc:
@@ -124,17 +137,21 @@ def run(args: argparse.Namespace) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
         _prepare_models(args)
+        if stop.is_set():
+            return 0
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         for strategy in strategies:
             log_file = open(log_dir / f"{strategy}.log", "w")
             procs[f"demo-{strategy}"] = subprocess.Popen(
                 _train_argv(strategy, args, collector.url), env=env, stdout=log_file,
-                stderr=subprocess.STDOUT)
+                stderr=subprocess.STDOUT,
+                # own session: a terminal Ctrl-C reaches only the demo, which then sends each
+                # trainer exactly one SIGINT (a second one would cut its checkpoint and flush)
+                start_new_session=True)
         print(f"forksight demo: training {', '.join(strategies)} "
               f"(logs in {log_dir}/); first data in the dashboard within seconds", flush=True)
         reader = collector.store.reader
-        while True:
-            time.sleep(3)
+        while not stop.wait(3):
             ids = _run_ids(reader, procs)
             lines = [_status_line(reader, ids[name], proc) if name in ids else f"  {name:<12} starting"
                      for name, proc in procs.items()]
@@ -146,10 +163,7 @@ def run(args: argparse.Namespace) -> int:
                 if args.exit_when_done or args.duration:
                     break
                 print(f"forksight demo: the dashboard stays up at {collector.url}/ — Ctrl-C to exit.")
-                while True:
-                    time.sleep(3600)
-    except KeyboardInterrupt:
-        print("\nforksight demo: stopping (stored data is kept)…", flush=True)
+                stop.wait()
     finally:
         _stop(procs)
         collector.stop()
