@@ -13,7 +13,6 @@ gradients are untouched; forwards run without grad (generation, eval) are skippe
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -24,9 +23,6 @@ from monitor import metrics
 
 log = logging.getLogger("forksight.hooks")
 
-# Scalars that only some rows can give on a fused head (top-1, JS need full distributions):
-# the reporter's mean over all rows is NaN when none had them; those are dropped quietly.
-_PARTIAL_KEYS = ("top1/mean", "js/mean", "renyi2/mean")
 # Training runs the LM head forward + backward (~3 passes per token); JS costs one more pass
 # over the rows it covers, so js_budget is a fraction of those 3 passes.
 _TRAIN_PASSES = 3.0
@@ -52,25 +48,6 @@ class _Pending:
     """Samples logged for a step that has not been reported yet."""
 
     rows: list[dict] = field(default_factory=list)
-
-
-class _QuietPartial:
-    """Sink proxy for the reporter: values a row or step does not have (NaN) are left out / null."""
-
-    def __init__(self, sink):
-        self._sink = sink
-
-    def log_scalars(self, step: int, values: dict, weight: float | None = None) -> None:
-        kept = {k: v for k, v in values.items() if not (k in _PARTIAL_KEYS and not math.isfinite(v))}
-        self._sink.log_scalars(step, kept, weight=weight)
-
-    def log_tokens(self, step: int, columns: dict) -> None:
-        # the store takes null, not NaN, for a value this row does not have
-        self._sink.log_tokens(step, {k: [None if isinstance(x, float) and math.isnan(x) else x for x in v]
-                                     if k in ("top1", "js", "renyi2") else v for k, v in columns.items()})
-
-    def __getattr__(self, name: str):
-        return getattr(self._sink, name)
 
 
 def _first_valid_column(mask: Tensor) -> int:
@@ -110,7 +87,7 @@ class AttachHandle:
         self.model = model
         self.sink = sink
         self.owns_sink = owns_sink
-        self.reporter = StepReporter(_QuietPartial(sink), tokenizer=tokenizer, token_groups=sample)
+        self.reporter = StepReporter(sink, tokenizer=tokenizer, token_groups=sample)
         self.group_size = group_size
         self.every = every
         self.js_groups = js_groups

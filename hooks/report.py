@@ -4,6 +4,7 @@ the reporter only summarises and ships what was computed — no second pass over
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any, Sequence
 
@@ -114,8 +115,9 @@ class StepReporter:
             cols["token_id"] += ids[r, positions].tolist()
             cols["token"] += self._token_texts(ids[r, positions].tolist())
             for name in ("entropy", "renyi2", "top1", "logp", "js"):
+                # NaN = not computed for this token (e.g. JS on a sample of groups): stored as null
                 values = arrays[name][r, positions].tolist() if name in arrays else [None] * n
-                cols[name] += values
+                cols[name] += [None if v is not None and math.isnan(v) else v for v in values]
             cols["fork"] += fork_np[r, positions].tolist()
             cols["selected"] += sel_np[r, positions].tolist() if sel_np is not None else [False] * n
         return dict(cols) if cols.get("pos") else None
