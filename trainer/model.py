@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -116,7 +117,10 @@ def build_tiny(path: str | os.PathLike | None = None, spec: TinySpec = TinySpec(
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.replace(out) if not out.exists() else None  # another process may have won the race
+    if out.exists():  # another process won the race: keep its copy, drop ours
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.replace(out)
     return out
 
 
