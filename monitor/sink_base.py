@@ -38,8 +38,9 @@ def _finite_scalars(step: int, values: Mapping[str, Any], weight, warned: set) -
             _warn_once(warned, key, "scalar %r is %s at step %s: not stored (the store keeps finite numbers only)",
                        key, value, step)
             # a finite marker in its place, so the collector's non-finite alert still fires
-            if not key.startswith(NONFINITE_PREFIX):
-                rows.append({"step": int(step), "key": NONFINITE_PREFIX + key, "value": _NONFINITE_CODE[str(value)],
+            marker = NONFINITE_PREFIX + key
+            if not key.startswith(NONFINITE_PREFIX) and len(marker) <= MAX_KEY_CHARS:
+                rows.append({"step": int(step), "key": marker, "value": _NONFINITE_CODE[str(value)],
                              "weight": weight, "wall_time": now})
             continue
         if not key or len(key) > MAX_KEY_CHARS:

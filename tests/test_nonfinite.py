@@ -30,3 +30,16 @@ def test_nan_and_inf_scalars_raise_the_non_finite_alert_through_a_real_collector
         message = nonfinite.message.iloc[0]
         assert "loss=nan" in message and "grad_norm=inf" in message
         assert any(a["detector"] == "non_finite" for a in sink.alerts)  # and the client heard of it
+
+
+def test_a_marker_that_would_exceed_the_key_limit_is_not_sent_and_the_batch_still_lands(tmp_path):
+    from monitor.schema import MAX_KEY_CHARS
+
+    long_key = "k" * MAX_KEY_CHARS                   # a valid key whose marker would be too long
+    with InProcessCollector(tmp_path / "long.duckdb") as server:
+        sink = open_sink("long-key", url=server.url)
+        sink.log_scalars(1, {long_key: math.nan, "loss": 0.5})
+        sink.finish()
+        assert not sink.rejected
+        stored = server.collector.store.reader.read_scalars(sink.run_id)
+        assert stored.key.tolist() == ["loss"] and stored.value.tolist() == [0.5]
