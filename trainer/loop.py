@@ -8,6 +8,8 @@ from __future__ import annotations
 import copy
 import os
 import random
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -388,9 +390,13 @@ def train(config: TrainConfig, sink=None) -> TrainResult:
     last_eval: dict[str, float] = {}
     stopped = interrupted = False
     done = start  # last completed step
+    stop_request = _StopRequest()
     try:
         for step in range(start + 1, config.steps + 1):
-            scalars = train_step(ctx, step)
+            if stop_request.is_set():
+                raise KeyboardInterrupt
+            with stop_request:  # a step is atomic: Ctrl-C ends the run after it, not inside it
+                scalars = train_step(ctx, step)
             done = step
             bar.update(1)
             bar.set_postfix(reward=f"{scalars.get('reward/mean', 0):.2f}",
@@ -404,6 +410,8 @@ def train(config: TrainConfig, sink=None) -> TrainResult:
             if _should_stop(sink, ctx.world):
                 stopped = True
                 break
+        if stop_request.is_set():
+            raise KeyboardInterrupt
     except KeyboardInterrupt:
         stopped = interrupted = True
     bar.close()
@@ -418,6 +426,34 @@ def train(config: TrainConfig, sink=None) -> TrainResult:
     return TrainResult(run_id=run_id, steps=done, final=scalars, eval=last_eval,
                        stopped_early=stopped, checkpoint=str(ckpt),
                        seconds=round(time.perf_counter() - started, 2))
+
+
+class _StopRequest:
+    """While entered, SIGINT/SIGTERM only set a flag (a second one raises at once), so the
+    step's optimiser update, its records and the step counter stay consistent."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._previous: dict = {}
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def _on_signal(self, signum, frame) -> None:
+        if self._event.is_set():
+            raise KeyboardInterrupt
+        self._event.set()
+
+    def __enter__(self) -> "_StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
 
 
 def _should_stop(sink, world: int) -> bool:
