@@ -12,6 +12,7 @@ ENV PYTHONUNBUFFERED=1 \
 WORKDIR /app
 RUN pip install ${TORCH_PIP_ARGS} "${TORCH_SPEC}"
 COPY pyproject.toml README.md ./
+COPY core ./core
 COPY monitor ./monitor
 COPY hooks ./hooks
 COPY trainer ./trainer

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from monitor.alerts import AlertMonitor
-from monitor.store import Records, Store, scalars_table
+from forksight.monitor.alerts import AlertMonitor
+from forksight.monitor.store import Records, Store, scalars_table
 
 TARGET_LEAD = 20
 

@@ -25,10 +25,10 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dashboard.run_view import Controls, draw_run, tick_run  # noqa: E402
-from dashboard.synthetic import bulk_tokens, step_records  # noqa: E402
-from monitor.metrics import ENTROPY_EDGES  # noqa: E402
-from monitor.store import Records, Store, tokens_table  # noqa: E402
+from forksight.dashboard.run_view import Controls, draw_run, tick_run  # noqa: E402
+from forksight.dashboard.synthetic import bulk_tokens, step_records  # noqa: E402
+from forksight.hooks.metrics import ENTROPY_EDGES  # noqa: E402
+from forksight.monitor.store import Records, Store, tokens_table  # noqa: E402
 
 TARGET_CALLBACK_MS = 300.0
 TARGET_VISIBLE_S = 2.0
@@ -160,7 +160,7 @@ def ingest_to_visible(store: Store, run_id: str, state: dict, tries: int, tick_s
                       ) -> dict:
     """A page ticking every tick_s (as dcc.Interval does) and steps written at random
     moments: seconds from the write's commit to the tick that returns it."""
-    from dashboard.pages.run import TICK_MS
+    from forksight.dashboard.pages.run import TICK_MS
 
     assert abs(TICK_MS / 1000 - tick_s) < 1e-9, "bench must tick like the page"
     rng = np.random.default_rng(1)
@@ -212,10 +212,10 @@ def main() -> int:
     with Store(db, alerts=False) as store:
         run_id, took = seed(store, args.steps, args.token_rows_per_step)
         counts = store.reader.row_counts(run_id)
-        from dashboard.app import create_dash
-        from dashboard.pages.tokens import prompt_history, render_step
+        from forksight.dashboard.app import create_dash
+        from forksight.dashboard.pages.tokens import prompt_history, render_step
 
-        from dashboard import run_view
+        from forksight.dashboard import run_view
 
         app = create_dash(store.reader)
         reader = store.reader

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from monitor.store import Records, Store, tokens_table  # noqa: E402
+from forksight.monitor.store import Records, Store, tokens_table  # noqa: E402
 
 TOTAL_ROWS = 2_000_000
 CHUNK_ROWS = 65_536           # rows per log_tokens call (a step's bounded sample at scale)
@@ -76,7 +76,7 @@ def bench_store(chunks: list[dict], path: str) -> float:
 
 def bench_local_sink(chunks: list[dict], path: str) -> float:
     """Seconds for LocalSink.log_tokens (validation included) until flushed."""
-    from monitor.client import LocalSink
+    from forksight.monitor.client import LocalSink
 
     with Store(path, alerts=False) as store:
         sink = LocalSink(path, "sink", store=store)
@@ -118,7 +118,7 @@ def start_collector(db: str) -> tuple[subprocess.Popen, str]:
     import httpx
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "serve", "--db", db, "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "forksight", "serve", "--db", db, "--port", str(port),
                              "--no-dashboard"], cwd=Path(__file__).resolve().parents[1],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -133,7 +133,7 @@ def start_collector(db: str) -> tuple[subprocess.Popen, str]:
 
 
 def bench_http_one(url: str, columns: dict) -> float:
-    from monitor.client import HttpSink
+    from forksight.monitor.client import HttpSink
 
     sink = HttpSink(url, "http1", max_batch_rows=262_144)
     start = time.perf_counter()
@@ -189,7 +189,7 @@ def step_data(rng) -> tuple[dict, np.ndarray, np.ndarray]:
 
 
 def _ours(data: list, path: str, alerts: bool) -> float:
-    from monitor.client import LocalSink
+    from forksight.monitor.client import LocalSink
 
     with Store(path, alerts=alerts) as store:
         LocalSink(path, "warmup", store=store).finish()     # imports and first-call costs

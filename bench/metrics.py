@@ -1,4 +1,4 @@
-"""Benchmark of monitor.metrics.token_stats against a log-prob pass, side by side in one run.
+"""Benchmark of forksight.hooks.metrics.token_stats against a log-prob pass, side by side in one run.
 
 Prints one JSON object: median times, ratios to the chunked log_softmax+gather baseline
 (targets: entropy+Rényi-2 ≤ 1.5×, with JS ≤ 3×), peak extra memory per call (measured in a
@@ -19,7 +19,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from monitor.metrics import token_stats
+from forksight.hooks.metrics import token_stats
 
 CHILD_FLAG = "--memory-child"
 

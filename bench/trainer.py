@@ -23,9 +23,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.config import DISTILL_STRATEGIES, STRATEGIES, load_config  # noqa: E402
-from trainer.loop import _needs_stats, setup, train_step  # noqa: E402
-from trainer.model import TinySpec, build_tiny, load  # noqa: E402
+from forksight.trainer.config import DISTILL_STRATEGIES, STRATEGIES, load_config  # noqa: E402
+from forksight.trainer.loop import _needs_stats, setup, train_step  # noqa: E402
+from forksight.trainer.model import TinySpec, build_tiny, load  # noqa: E402
 
 
 def _progress(message: str) -> None:
@@ -58,7 +58,7 @@ def _context(model, tokenizer, sink, teacher_model=None, **over):
 def overhead(model, tokenizer, pairs: int, strategy: str, **over) -> dict:
     """Median step time with monitoring vs without (interleaved pairs on one context), and the
     in-step share: token_stats + StepReporter time over the rest of the monitored step."""
-    from monitor.client import open_sink
+    from forksight.monitor.client import open_sink
 
     with tempfile.TemporaryDirectory() as tmp:
         sink = open_sink(run=f"bench-{strategy}", db=str(Path(tmp) / "bench.duckdb"))
@@ -112,8 +112,8 @@ def strategy_rates(model, tokenizer, steps: int, strategies, teacher=None, **ove
 
 def comparison(steps: int, lr: float) -> dict:
     """all vs fork vs ict: same warm model, seed, steps; entropy endpoints, pass@1/pass@G."""
-    from trainer import loop
-    from trainer.config import PRESETS
+    from forksight.trainer import loop
+    from forksight.trainer.config import PRESETS
 
     out = {}
     for strategy in ("all", "fork", "ict"):

@@ -74,7 +74,7 @@ def run(label: str, model, tokenizer, steps: int, warmup: int, completion_length
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    import hooks.trl
+    import forksight.trl
 
     def even_first_token(completions, completion_ids, **kwargs):
         return [1.0 if ids and ids[0] % 2 == 0 else 0.0 for ids in completion_ids]
@@ -88,7 +88,7 @@ def run(label: str, model, tokenizer, steps: int, warmup: int, completion_length
     db = os.path.join(workdir, f"{label}.duckdb")
     placeholder = Rotate(None, warmup)
     trainer.add_callback(placeholder)  # first in the list: its step clock starts before anything else runs
-    monitor = hooks.trl.attach(trainer, db=db, run=label)
+    monitor = forksight.trl.attach(trainer, db=db, run=label)
     placeholder.monitor = monitor
     if rlwatch_dir is not None:
         import rlwatch
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore")
     import trl
 
-    from trainer.model import build_tiny, load
+    from forksight.trainer.model import build_tiny, load
 
     tiny_model, tokenizer = load(build_tiny())
     out: dict = {"trl": trl.__version__, "torch": torch.__version__, "device": "cpu",

@@ -11,7 +11,7 @@ from pathlib import Path
 import dash
 from dash import Dash, dcc, html
 
-from dashboard import data
+from forksight.dashboard import data
 
 PAGES = ("dashboard.pages.runs", "dashboard.pages.run", "dashboard.pages.tokens",
          "dashboard.pages.compare")

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from dash import Patch
 
-from dashboard.figures import (SEVERITY_COLOR, SEVERITY_SYMBOL, alert_text, bin_labels,
+from forksight.dashboard.figures import (SEVERITY_COLOR, SEVERITY_SYMBOL, alert_text, bin_labels,
                                by_key, ema_debiased, histogram_matrix, median_labels, series,
                                x_values)
 

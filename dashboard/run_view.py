@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import pandas as pd
 from dash import html
 
-from dashboard import figures as F
-from dashboard.live import extend_patch, trace_plan
+from forksight.dashboard import figures as F
+from forksight.dashboard.live import extend_patch, trace_plan
 
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="forksight-dash-read")
 ALL_POINTS = 1 << 40          # "all" in the downsampling picker

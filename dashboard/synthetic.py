@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from monitor.metrics import ENTROPY_EDGES, FORK_ENTROPY, histogram
-from monitor.store import (Records, histograms_table, samples_table, scalars_table,
+from forksight.hooks.metrics import ENTROPY_EDGES, FORK_ENTROPY, histogram
+from forksight.monitor.store import (Records, histograms_table, samples_table, scalars_table,
                            tokens_table)
 
 

@@ -17,8 +17,8 @@ import re
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-import hooks.trl
-from trainer.model import build_tiny, load
+import forksight.trl
+from forksight.trainer.model import build_tiny, load
 
 
 def addition_dataset(n: int, seed: int = 0) -> Dataset:
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     trainer = GRPOTrainer(model=model, args=config, reward_funcs=first_digit_reward,
                           train_dataset=addition_dataset(args.steps * args.prompts + 64), processing_class=tokenizer)
 
-    hooks.trl.attach(trainer, db=args.db, url=args.url, run=args.run)  # <- the one line forksight adds
+    forksight.trl.attach(trainer, db=args.db, url=args.url, run=args.run)  # <- the one line forksight adds
 
     trainer.train()
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from monitor import metrics
+from forksight.hooks import metrics
 
 log = logging.getLogger("forksight.hooks")
 
@@ -74,7 +74,7 @@ class AttachHandle:
                  temperature: float = 1.0, chunk_size: int = 1024,
                  optimizer: torch.optim.Optimizer | None = None, auto_step: bool = True,
                  start_step: int = 0):
-        from hooks.report import StepReporter
+        from forksight.hooks.report import StepReporter
 
         if every < 1:
             raise ValueError(f"every must be >= 1 (report every N-th step), got {every}")
@@ -315,7 +315,7 @@ class AttachHandle:
             self._pending.setdefault(step, _Pending()).rows.extend(rows)
 
     def _send_samples(self, step: int, rows: list[dict]) -> None:
-        from hooks.report import group_scalars
+        from forksight.hooks.report import group_scalars
 
         if not rows:
             return
@@ -424,7 +424,7 @@ def attach(model: torch.nn.Module, run: str = "run", *, url: str | None = None, 
     One step per training forward (or per `optimizer.step()` when optimizer is given); rewards
     and verdicts join with `handle.log_samples(...)`. `sample` groups keep per-token rows per step.
     """
-    from monitor.client import open_sink
+    from forksight.monitor.client import open_sink
 
     owns = sink is None
     if sink is None:

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from monitor import metrics
+from forksight.hooks import metrics
 
 
 def _np(x: Any) -> np.ndarray:

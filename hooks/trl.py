@@ -1,4 +1,4 @@
-"""TRL's GRPOTrainer in one line: `hooks.trl.attach(trainer, db=... or url=..., run=...)`.
+"""TRL's GRPOTrainer in one line: `forksight.trl.attach(trainer, db=... or url=..., run=...)`.
 
 Adds `ForksightCallback`, which streams every scalar TRL logs (under TRL's names), per-token
 entropy / Rényi-2 / log p for the completion tokens of every training forward, ICT JS and
@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from hooks.attach import AttachHandle, _as_text
-from monitor import metrics
+from forksight.hooks.attach import AttachHandle, _as_text
+from forksight.hooks import metrics
 
 log = logging.getLogger("forksight.trl")
 
@@ -75,7 +75,7 @@ class _RowHasher:
 
 
 class ForksightCallback(TrainerCallback):
-    """Streams a GRPOTrainer run to forksight; add it with `hooks.trl.attach(trainer, ...)`."""
+    """Streams a GRPOTrainer run to forksight; add it with `forksight.trl.attach(trainer, ...)`."""
 
     def __init__(self, *, sink=None, db: str | None = None, url: str | None = None, run: str | None = None,
                  project: str = "default", stop_on_alert: bool = False, js_groups: int | str | None = None,
@@ -128,7 +128,7 @@ class ForksightCallback(TrainerCallback):
         return self
 
     def _open_sink(self, trainer, version: str):
-        from monitor.client import open_sink
+        from forksight.monitor.client import open_sink
 
         args = trainer.args
         run = self.run or getattr(args, "run_name", None) or "trl-grpo"
@@ -264,7 +264,7 @@ class ForksightCallback(TrainerCallback):
             return
         groups, self._eval_groups = self._eval_groups, []
         if state.is_world_process_zero:
-            from monitor.metrics import pass_at_k_groups
+            from forksight.hooks.metrics import pass_at_k_groups
 
             self.sink.log_scalars(state.global_step,
                                   {f"eval/pass@{k}": v for k, v in pass_at_k_groups(groups).items()})
@@ -309,7 +309,7 @@ class ForksightCallback(TrainerCallback):
 
 def attach(trainer, db: str | None = None, url: str | None = None, run: str | None = None, *,
            sink=None, stop_on_alert: bool = False, js_groups: int | str | None = None, **kwargs) -> ForksightCallback:
-    """One line for an existing GRPOTrainer script: `hooks.trl.attach(trainer, db="runs.duckdb")`.
+    """One line for an existing GRPOTrainer script: `forksight.trl.attach(trainer, db="runs.duckdb")`.
 
     Returns the callback (already added). stop_on_alert=True ends training on a critical alert.
     """

@@ -1,1 +1,1 @@
-"""forksight.monitor: the metrics core, the DuckDB store, the collector and its client."""
+"""forksight.monitor: the collector room. Client sinks, the HTTP collector, the DuckDB store and its reader, alerts."""

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from monitor.detectors import (
+from forksight.monitor.detectors import (
     Alert,
     CollapseDetector,
     CovarianceDetector,
@@ -28,7 +28,7 @@ from monitor.detectors import (
     NonFiniteDetector,
     StagnationDetector,
 )
-from monitor.schema import NONFINITE_PREFIX
+from forksight.monitor.schema import NONFINITE_PREFIX
 
 __all__ = ["Alert", "AlertConfig", "AlertMonitor", "AlertHub", "load_alert_config", "ALERT_COLUMNS"]
 
@@ -254,7 +254,7 @@ class AlertHub:
         self._lock = threading.Lock()  # ingest may call from several request threads
         self.webhook = None
         if webhook_url:
-            from monitor.webhook import WebhookSink
+            from forksight.monitor.webhook import WebhookSink
 
             self.webhook = WebhookSink(webhook_url)
 

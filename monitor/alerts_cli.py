@@ -36,7 +36,7 @@ def replay_rows(reader, run_id: str, config, vocab_size: int | None = None) -> t
     Returns (alert rows stamped with each step's wall time, number of steps replayed)."""
     from tqdm import tqdm
 
-    from monitor.alerts import AlertMonitor, alert_row
+    from forksight.monitor.alerts import AlertMonitor, alert_row
 
     frame = reader.read_scalars(run_id, downsample=ALL_STEPS)
     frame = frame.dropna(subset=["value"]).sort_values(["step", "key"])
@@ -55,7 +55,7 @@ def write_rows(store, run_id: str, rows: list[dict]) -> int:
     """Replace the run's stored alerts with `rows` in one transaction; returns how many were removed."""
     import pyarrow as pa
 
-    from monitor.store import ALERTS_SCHEMA
+    from forksight.monitor.store import ALERTS_SCHEMA
 
     table = pa.Table.from_pylist([{k: r.get(k) for k in ALERTS_SCHEMA.names} for r in rows], schema=ALERTS_SCHEMA)
 
@@ -100,8 +100,8 @@ def run_replay(args: argparse.Namespace) -> int:
     """Entry of `forksight alerts replay`."""
     from pathlib import Path
 
-    from monitor.alerts import load_alert_config
-    from monitor.store import Store
+    from forksight.monitor.alerts import load_alert_config
+    from forksight.monitor.store import Store
 
     try:
         config = load_alert_config(args.config, args.overrides)

@@ -14,8 +14,8 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
-from monitor.http_sink import HttpSink
-from monitor.sink_base import (_finish_open_sinks, _finite_scalars, _histogram_item, _open_sinks,
+from forksight.monitor.http_sink import HttpSink
+from forksight.monitor.sink_base import (_finish_open_sinks, _finite_scalars, _histogram_item, _open_sinks,
                                _sample_rows, _Sink)
 
 __all__ = ["open_sink", "NullSink", "LocalSink", "HttpSink", "collector_answers"]
@@ -60,7 +60,7 @@ class LocalSink(_Sink):
     def __init__(self, db: str, run: str, *, project: str = "default", strategy: str | None = None,
                  model: str | None = None, config: dict | None = None, rank: int = 0,
                  stop_on_alert: bool = False, store=None, resume: bool = False):
-        from monitor.store import Store
+        from forksight.monitor.store import Store
 
         super().__init__(stop_on_alert)
         self._owns_store = store is None
@@ -84,7 +84,7 @@ class LocalSink(_Sink):
                 return
 
     def _submit(self, **tables) -> None:
-        from monitor.store import Records
+        from forksight.monitor.store import Records
 
         fut = self.store.write(self.run_id, Records(**tables))
         with self._lock:
@@ -102,7 +102,7 @@ class LocalSink(_Sink):
 
     def log_scalars(self, step: int, values: Mapping[str, Any], weight: float | None = None) -> None:
         """Per-step numbers; weight = token count, used when ranks are merged."""
-        from monitor.store import scalars_table
+        from forksight.monitor.store import scalars_table
 
         rows = _finite_scalars(step, values, weight, self._warned)
         if rows:
@@ -110,18 +110,18 @@ class LocalSink(_Sink):
 
     def log_tokens(self, step: int, columns: Mapping[str, Any]) -> None:
         """Per-token columns of equal length (sample_id, pos, token_id, token, entropy, ...)."""
-        from monitor.store import tokens_table
+        from forksight.monitor.store import tokens_table
 
         self._submit(tokens=tokens_table(columns, step=step, rank=self.rank))
 
     def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
-        from monitor.store import samples_table
+        from forksight.monitor.store import samples_table
 
         if rows:
             self._submit(samples=samples_table(_sample_rows(step, rows, self._warned), self.rank))
 
     def log_histogram(self, step: int, key: str, counts, edges) -> None:
-        from monitor.store import histograms_table
+        from forksight.monitor.store import histograms_table
 
         self._submit(histograms=histograms_table([_histogram_item(step, key, counts, edges)], self.rank))
 
@@ -175,7 +175,7 @@ def open_sink(run: str = "run", url: str | None = None, db: str | None = None, *
     ./forksight.duckdb. Ranks > 0 never open a DuckDB file (one process owns it).
     resume: continue the run whose id is `run` (a resumed training run), not a new `run-2`.
     """
-    from monitor.schema import RUN_ID_RE, slug_run_name
+    from forksight.monitor.schema import RUN_ID_RE, slug_run_name
 
     if not RUN_ID_RE.match(str(run)):      # e.g. TRL's default run_name is the output dir path
         log.warning("forksight: run name %r is not a valid run id; using %r", run, slug_run_name(run))
@@ -202,7 +202,7 @@ def open_sink(run: str = "run", url: str | None = None, db: str | None = None, *
     if not embedded:
         raise RuntimeError(f"no forksight collector answers at {url}; start one with `forksight serve` "
                            "or pass db=PATH for an in-process store")
-    from monitor.server import start_embedded
+    from forksight.monitor.server import start_embedded
 
     start_embedded(url, db=os.environ.get("FORKSIGHT_DB", DEFAULT_DB), token=token)
     # atexit runs last-registered first: sinks must flush before the embedded collector stops

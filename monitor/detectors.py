@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:  # the configs live with AlertConfig in monitor/alerts.py, which imports this module
-    from monitor.alerts import (CollapseConfig, CovarianceConfig, DetectorConfig, DiversityConfig,
+    from forksight.monitor.alerts import (CollapseConfig, CovarianceConfig, DetectorConfig, DiversityConfig,
                                 ExplosionConfig, ForkConfig, NonFiniteConfig, StagnationConfig)
 
 Severity = Literal["warning", "critical"]

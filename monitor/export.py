@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from monitor.schema import RUN_ID_RE
+from forksight.monitor.schema import RUN_ID_RE
 
 EXPORT_TABLES = ("runs", "scalars", "tokens", "samples", "histograms", "alerts")
 

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from monitor.sink_base import _finite_scalars, _histogram_item, _open_sinks, _sample_rows, _Sink
+from forksight.monitor.sink_base import _finite_scalars, _histogram_item, _open_sinks, _sample_rows, _Sink
 
 log = logging.getLogger("forksight.client")
 
@@ -146,7 +146,7 @@ class HttpSink(_Sink):
 
     def log_tokens(self, step: int, columns: Mapping[str, Any]) -> None:
         """Per-token columns of equal length; validated now, sent as Arrow IPC."""
-        from monitor.store import tokens_table
+        from forksight.monitor.store import tokens_table
 
         table = tokens_table(columns, step=step, rank=self.rank)
         self._append("tokens", [table], table.num_rows)
@@ -319,7 +319,7 @@ class HttpSink(_Sink):
             return self._http.post(f"{base}/ingest", content=item.body,
                                    headers={"Content-Type": "application/json"})
         if item.kind == "arrow":
-            from monitor.schema import ARROW_MEDIA_TYPE
+            from forksight.monitor.schema import ARROW_MEDIA_TYPE
 
             return self._http.post(f"{base}/tokens", content=item.body,
                                    params={"batch_id": item.batch_id, "rank": self.rank},

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from monitor.records import ALERTS_SCHEMA, DATA_TABLES, SAMPLES_SCHEMA, TOKENS_SCHEMA
+from forksight.monitor.records import ALERTS_SCHEMA, DATA_TABLES, SAMPLES_SCHEMA, TOKENS_SCHEMA
 
 if TYPE_CHECKING:                      # pandas loads with the first read, not in every producer
     import pandas as pd

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from monitor.schema import MAX_TEXT_CHARS, MAX_TOKEN_CHARS, MAX_TOKEN_ROWS, TOKEN_COLUMNS
+from forksight.monitor.schema import MAX_TEXT_CHARS, MAX_TOKEN_CHARS, MAX_TOKEN_ROWS, TOKEN_COLUMNS
 
 DATA_TABLES = ("scalars", "tokens", "samples", "histograms")
 ALL_TABLES = ("runs", *DATA_TABLES, "alerts", "batches")

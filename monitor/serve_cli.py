@@ -39,8 +39,8 @@ def add_parser(subparsers) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from monitor.server import create_app, is_loopback
-    from monitor.store import Store
+    from forksight.monitor.server import create_app, is_loopback
+    from forksight.monitor.store import Store
 
     token = args.token or os.environ.get("FORKSIGHT_TOKEN") or None
     if not is_loopback(args.host) and not token:
@@ -75,14 +75,14 @@ def _alert_hub(args: argparse.Namespace):
     """The collector's alert hub from --alerts-config/--alert/--webhook (None: the env defaults)."""
     if not (args.alerts_config or args.alert or args.webhook):
         return None
-    from monitor.alerts import ENV_CONFIG, AlertHub, load_alert_config
+    from forksight.monitor.alerts import ENV_CONFIG, AlertHub, load_alert_config
 
     config = load_alert_config(args.alerts_config or os.environ.get(ENV_CONFIG), args.alert)
     return AlertHub(config, webhook_url=args.webhook)
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from monitor.export import export_file
+    from forksight.monitor.export import export_file
 
     try:
         written = export_file(args.db, args.run, args.out)

@@ -27,10 +27,10 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import ValidationError
 from starlette.background import BackgroundTask
 
-from monitor.schema import (
+from forksight.monitor.schema import (
     ARROW_MEDIA_TYPE, BATCH_ID_RE, MAX_BODY_BYTES, MAX_RANK, RUN_ID_RE, Batch, RunCreate, RunUpdate, limits,
 )
-from monitor.store import (
+from forksight.monitor.store import (
     Records, RecordError, Store, histograms_table, samples_table, scalars_table, tokens_table,
 )
 
@@ -136,7 +136,7 @@ def frame_response(df: pd.DataFrame) -> Response:
 
 def export_impl(store: Store, run_id: str) -> str:
     """Write the run's hive-partitioned Parquet into a temp dir, zip it; return the zip path."""
-    from monitor.export import export_tables
+    from forksight.monitor.export import export_tables
 
     tmp = tempfile.mkdtemp(prefix="forksight-export-")
     with store.reader._lock:
@@ -367,9 +367,9 @@ def _isna(value: Any) -> bool:
 def _mount_dashboard(app: FastAPI, reader) -> None:
     # after the /api routes, so they stay first; skipped while dashboard/app.py does not exist
     try:
-        from dashboard.app import create_dash
+        from forksight.dashboard.app import create_dash
     except ModuleNotFoundError as exc:
-        if exc.name not in ("dashboard.app", "dashboard"):
+        if exc.name not in ("forksight.dashboard.app", "forksight.dashboard"):
             raise
         return
     from a2wsgi import WSGIMiddleware
@@ -415,6 +415,12 @@ class Collector:
         self.server.should_exit = True
         self.thread.join(timeout=10)
         self.store.close()
+
+
+def serve(db: str, host: str = "127.0.0.1", port: int = 8050, token: str | None = None,
+          dashboard: bool = True) -> Collector:
+    """Start a collector (API + dashboard) in a thread of this process; `.stop()` ends it."""
+    return Collector(db, host=host, port=port, token=token, dashboard=dashboard).start()
 
 
 _embedded: list[Collector] = []

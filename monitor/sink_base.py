@@ -24,7 +24,7 @@ _NONFINITE_CODE = {"nan": 0.0, "inf": 1.0, "-inf": -1.0}   # see schema.NONFINIT
 def _finite_scalars(step: int, values: Mapping[str, Any], weight, warned: set) -> list[dict]:
     # a NaN loss must not crash training, nor cost the step's other numbers (the collector
     # refuses a whole batch with one bad value): drop what cannot be stored, say so once
-    from monitor.schema import MAX_KEY_CHARS, NONFINITE_PREFIX
+    from forksight.monitor.schema import MAX_KEY_CHARS, NONFINITE_PREFIX
 
     rows, now = [], time.time()
     weight = None if weight is None else float(weight.item() if hasattr(weight, "item") else weight)
@@ -55,7 +55,7 @@ _SAMPLE_FIELDS = ("sample_id", "group_id", "prompt", "completion", "reward", "co
 
 def _sample_rows(step: int, rows: Sequence[Mapping[str, Any]], warned: set) -> list[dict]:
     """Sample dicts -> storable rows: known fields only, numbers finite, text within the limits."""
-    from monitor.schema import MAX_SHORT_CHARS, MAX_TEXT_CHARS
+    from forksight.monitor.schema import MAX_SHORT_CHARS, MAX_TEXT_CHARS
 
     limits = {"prompt": MAX_TEXT_CHARS, "completion": MAX_TEXT_CHARS, "source": MAX_SHORT_CHARS}
     out = []

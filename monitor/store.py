@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 
 # the store's public names, wherever they live (producers import them from here)
-from monitor.reader import PERCENTILE_KEY, STALE_AFTER_S, Reader, histogram_quantile  # noqa: F401
-from monitor.records import (  # noqa: F401
+from forksight.monitor.reader import PERCENTILE_KEY, STALE_AFTER_S, Reader, histogram_quantile  # noqa: F401
+from forksight.monitor.records import (  # noqa: F401
     ALERTS_SCHEMA, ALL_TABLES, DATA_TABLES, HISTOGRAMS_SCHEMA, SAMPLES_SCHEMA, SCALARS_SCHEMA, SCHEMAS,
     TOKENS_SCHEMA, RecordError, Records, histograms_table, samples_table, scalars_table, tokens_table,
 )
@@ -93,9 +93,9 @@ def _one(cur, sql: str, params: Sequence) -> tuple | None:
 
 def _load_alert_hub():
     try:
-        from monitor.alerts import AlertHub
+        from forksight.monitor.alerts import AlertHub
     except ModuleNotFoundError as exc:
-        if exc.name != "monitor.alerts":
+        if exc.name != "forksight.monitor.alerts":
             raise
         return None
     return AlertHub()
@@ -154,7 +154,7 @@ class Store:
         run_id: create exactly this id, or update it if it exists. join: return the newest live
         run named `name` (ranks > 0), LookupError when there is none.
         """
-        from monitor.schema import RUN_ID_PATTERN, RUN_ID_RE, slug_run_name
+        from forksight.monitor.schema import RUN_ID_PATTERN, RUN_ID_RE, slug_run_name
 
         for what, value in (("run name", name), ("run id", run_id)):
             if value is not None and not RUN_ID_RE.match(value):

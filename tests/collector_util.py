@@ -65,7 +65,7 @@ class ServeProcess:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def start(self, timeout: float = 60.0) -> "ServeProcess":
-        cmd = [sys.executable, "-m", "monitor.cli", "serve", "--db", self.db, "--host", self.host,
+        cmd = [sys.executable, "-m", "forksight", "serve", "--db", self.db, "--host", self.host,
                "--port", str(self.port)]
         if self.token:
             cmd += ["--token", self.token]
@@ -113,7 +113,7 @@ class InProcessCollector:
 
     def __init__(self, db: str | os.PathLike, *, port: int | None = None, token: str | None = None,
                  dashboard: bool = False):
-        from monitor.server import Collector
+        from forksight.monitor.server import Collector
 
         self.port, self.token = port or free_port(), token
         self.collector = Collector(str(db), port=self.port, token=token, dashboard=dashboard)

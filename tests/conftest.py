@@ -9,7 +9,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model_path():
     """Directory of the tiny Qwen2 model + byte-level BPE tokenizer (built once, cached)."""
-    from trainer.model import build_tiny
+    from forksight.trainer.model import build_tiny
 
     return build_tiny()
 
@@ -17,7 +17,7 @@ def tiny_model_path():
 @pytest.fixture()
 def tiny(tiny_model_path):
     """A fresh (model, tokenizer) pair loaded through from_pretrained."""
-    from trainer.model import load
+    from forksight.trainer.model import load
 
     return load(tiny_model_path)
 

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 from pydantic import BaseModel
 
-from monitor.alerts import ALERT_COLUMNS, AlertConfig, AlertHub, AlertMonitor, load_alert_config
-from monitor.detectors import DebiasedEMA, Gate, RollingOLS
-from monitor.webhook import WebhookSink, validate_webhook_url
+from forksight.monitor.alerts import ALERT_COLUMNS, AlertConfig, AlertHub, AlertMonitor, load_alert_config
+from forksight.monitor.detectors import DebiasedEMA, Gate, RollingOLS
+from forksight.monitor.webhook import WebhookSink, validate_webhook_url
 
 
 # ---------------------------------------------------------------------------- synthetic runs
@@ -368,7 +368,7 @@ def test_invalid_webhook_url_is_refused_with_a_clear_error(url, fragment):
 
 # ---------------------------------------------------------------------------- replay CLI
 def _stored_run(path, rows, *, hub=True) -> str:
-    from monitor.store import Records, Store, scalars_table
+    from forksight.monitor.store import Records, Store, scalars_table
 
     with Store(str(path), alerts=hub) as store:
         run_id = store.create_run("collapse-run")
@@ -387,7 +387,7 @@ def _count_alerts(path) -> int:
 
 
 def test_replay_reproduces_the_live_hub_and_writes_only_when_asked(tmp_path, capsys):
-    from monitor.cli import main
+    from forksight.cli import main
 
     db = tmp_path / "runs.duckdb"
     rows = collapsing_run(95, 15, seed=9)
@@ -417,7 +417,7 @@ def test_replay_reproduces_the_live_hub_and_writes_only_when_asked(tmp_path, cap
 
 
 def test_replay_errors_name_the_problem(tmp_path, capsys):
-    from monitor.cli import main
+    from forksight.cli import main
 
     db = tmp_path / "runs.duckdb"
     run_id = _stored_run(db, collapsing_run(5, 15), hub=False)

@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from monitor.alerts import AlertConfig
-from monitor.store import Store
-from trainer.config import load_config
-from trainer.loop import train
+from forksight.monitor.alerts import AlertConfig
+from forksight.monitor.store import Store
+from forksight.trainer.config import load_config
+from forksight.trainer.loop import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 

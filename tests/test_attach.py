@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-import hooks
-from monitor.client import LocalSink
+import forksight
+from forksight.monitor.client import LocalSink
 
 TEXTS = ["Q: 12+34= A: 46", "Q: 1+2= A: 3", "Q: 55+5= A: 60", "Q: 9+9= A: 18"]
 
@@ -56,9 +56,9 @@ def test_hooks_leave_loss_and_grads_bit_identical(tiny):
     model, tokenizer = tiny
     enc, labels = _batch(tokenizer)
     loss_plain, grads_plain = _loss_and_grads(model, enc, labels)
-    from monitor.client import NullSink
+    from forksight.monitor.client import NullSink
 
-    with hooks.attach(model, sink=NullSink(), group_size=2, js_groups="all") as handle:
+    with forksight.attach(model, sink=NullSink(), group_size=2, js_groups="all") as handle:
         loss_hooked, grads_hooked = _loss_and_grads(model, enc, labels)
         assert handle.step == 1  # the forward was observed and reported
     loss_after, grads_after = _loss_and_grads(model, enc, labels)
@@ -72,7 +72,7 @@ def test_stored_tokens_equal_float64_reference_and_pass_at_k(tiny, tmp_path):
     model, tokenizer = tiny
     enc, labels = _batch(tokenizer)
     sink = LocalSink(str(tmp_path / "plain.duckdb"), "plain")
-    handle = hooks.attach(model, sink=sink, tokenizer=tokenizer, group_size=2, js_groups="all", sample=2)
+    handle = forksight.attach(model, sink=sink, tokenizer=tokenizer, group_size=2, js_groups="all", sample=2)
     rewards, correct = [1.0, 0.0, 1.0, 1.0], [True, False, True, True]
     handle.log_samples(None, TEXTS, ["46", "4", "60", "18"], rewards, correct)  # before the forward, like GRPO
     model(**enc, labels=labels).loss.backward()
@@ -113,7 +113,7 @@ def test_optimizer_mode_makes_one_step_of_accumulated_forwards(tiny, tmp_path):
     enc, labels = _batch(tokenizer)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     sink = LocalSink(str(tmp_path / "acc.duckdb"), "acc")
-    with hooks.attach(model, sink=sink, optimizer=opt, js_groups=0) as handle:
+    with forksight.attach(model, sink=sink, optimizer=opt, js_groups=0) as handle:
         for half in (slice(0, 2), slice(2, 4)):  # gradient accumulation over two micro-batches
             sub = {k: v[half] for k, v in enc.items()}
             model(**sub, labels=labels[half]).loss.backward()
@@ -127,25 +127,25 @@ def test_optimizer_mode_makes_one_step_of_accumulated_forwards(tiny, tmp_path):
 
 
 def test_eval_forwards_without_grad_are_not_steps(tiny):
-    from monitor.client import NullSink
+    from forksight.monitor.client import NullSink
 
     model, tokenizer = tiny
     enc, labels = _batch(tokenizer)
-    with hooks.attach(model, sink=NullSink()) as handle, torch.no_grad():
+    with forksight.attach(model, sink=NullSink()) as handle, torch.no_grad():
         model(**enc, labels=labels)
         model.generate(**enc, max_new_tokens=2, do_sample=False, pad_token_id=tokenizer.pad_token_id)
         assert handle.step == 0
 
 
 def test_bad_arguments_say_what_to_do(tiny):
-    from monitor.client import NullSink
+    from forksight.monitor.client import NullSink
 
     model, _ = tiny
     with pytest.raises(ValueError, match="js_groups"):
-        hooks.attach(model, sink=NullSink(), js_groups="some")
+        forksight.attach(model, sink=NullSink(), js_groups="some")
     with pytest.raises(ValueError, match="no output embedding"):
-        hooks.attach(torch.nn.Linear(2, 2), sink=NullSink())
-    handle = hooks.attach(model, sink=NullSink())
+        forksight.attach(torch.nn.Linear(2, 2), sink=NullSink())
+    handle = forksight.attach(model, sink=NullSink())
     with pytest.raises(ValueError, match="group_ids"):
         handle.log_samples(0, ["p"], ["c"], [1.0])
     with pytest.raises(ValueError, match="one entry per sample"):

@@ -31,7 +31,7 @@ PAYLOADS = ('<script>window.__xss=1</script>', '<img src=x onerror="window.__xss
 
 
 def _xss_records():
-    from monitor.store import Records, samples_table, tokens_table
+    from forksight.monitor.store import Records, samples_table, tokens_table
 
     samples = [{"step": XSS_STEP, "sample_id": i, "group_id": 0, "prompt": f"say {PAYLOADS[1]}",
                 "completion": f"{PAYLOADS[i % 2]} done", "reward": float(i % 2),
@@ -48,8 +48,8 @@ def _xss_records():
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A seeded DuckDB file behind `forksight serve` with the dashboard."""
-    from dashboard.synthetic import seed_run
-    from monitor.store import Store
+    from forksight.dashboard.synthetic import seed_run
+    from forksight.monitor.store import Store
 
     chromium = require_browser()
     db = tmp_path_factory.mktemp("dash") / "runs.duckdb"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from monitor.cli import build_parser
+from forksight.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,6 +54,11 @@ def test_dockerfile_default_command_matches_the_collector_service():
     argv = yaml.safe_load(cmd)
     assert argv == _compose()["services"]["collector"]["command"]
     _parse(argv)
-    for package in ("monitor", "hooks", "trainer", "dashboard"):
-        assert re.search(rf"^COPY {package} ", text, re.M), f"Dockerfile does not copy {package}/"
+    # every folder that packaging maps into `forksight` must be in the image
+    import tomllib
+
+    folders = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    assert folders == {"core", "monitor", "hooks", "trainer", "dashboard"}
+    for folder in folders:
+        assert re.search(rf"^COPY {folder} ", text, re.M), f"Dockerfile does not copy {folder}/"
     assert "torch" in text.split("COPY pyproject.toml")[0], "torch must be installed before the project"

@@ -13,9 +13,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from dashboard import figures as F
-from dashboard.live import extend_patch, trace_plan
-from dashboard.tokens_view import pick_sample, token_spans
+from forksight.dashboard import figures as F
+from forksight.dashboard.live import extend_patch, trace_plan
+from forksight.dashboard.tokens_view import pick_sample, token_spans
 
 KEYS = ("entropy/mean", "entropy/p20", "entropy/p80", "renyi2/mean", "js/mean", "reward/mean",
         "pass@1", "pass@4", "pass@8", "loss", "fork/frac")
@@ -277,9 +277,9 @@ def test_pick_sample_lowest_and_highest_reward_of_a_group():
 def test_run_view_draws_from_the_store_and_ticks_only_new_steps(tmp_path):
     import numpy as np
 
-    from dashboard.run_view import Controls, draw_run, tick_run
-    from dashboard.synthetic import seed_run, write_steps
-    from monitor.store import Store
+    from forksight.dashboard.run_view import Controls, draw_run, tick_run
+    from forksight.dashboard.synthetic import seed_run, write_steps
+    from forksight.monitor.store import Store
 
     with Store(str(tmp_path / "r.duckdb"), alerts=False) as store:
         run_id = seed_run(store, "r", 12, steps_total=40, seed=3)
@@ -300,7 +300,7 @@ def test_run_view_draws_from_the_store_and_ticks_only_new_steps(tmp_path):
 
 
 def test_controls_refuse_bad_input_with_the_reason():
-    from dashboard.run_view import Controls
+    from forksight.dashboard.run_view import Controls
 
     with pytest.raises(ValueError, match="smoothing must be in"):
         Controls.from_inputs(1.5, "step", [], 1000, [])

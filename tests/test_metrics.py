@@ -1,4 +1,4 @@
-"""monitor.metrics against independent float64 references (numpy/scipy) written here."""
+"""forksight.hooks.metrics against independent float64 references (numpy/scipy) written here."""
 from __future__ import annotations
 
 import itertools
@@ -10,8 +10,8 @@ import torch
 from scipy.spatial.distance import jensenshannon
 from scipy.special import logsumexp
 
-from monitor import metrics
-from monitor.metrics import (
+from forksight.hooks import metrics
+from forksight.hooks.metrics import (
     ENTROPY_EDGES,
     fork_mask,
     histogram,
@@ -468,7 +468,7 @@ def test_summarize_matches_numpy_over_valid_tokens():
 
 MEMORY_CHILD = r"""
 import torch
-from monitor.metrics import token_stats
+from forksight.hooks.metrics import token_stats
 torch.set_num_threads(1)
 
 def status(key):  # bytes, from the kernel's own accounting of this process

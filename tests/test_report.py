@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from hooks.report import StepReporter, group_scalars
-from monitor import metrics
-from monitor.client import open_sink
-from monitor.store import Store
+from forksight.hooks.report import StepReporter, group_scalars
+from forksight.hooks import metrics
+from forksight.monitor.client import open_sink
+from forksight.monitor.store import Store
 
 
 def _brute_pass_at_k(verdicts: list[list[bool]], k: int) -> float:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from monitor.cli import build_parser
-from monitor.serve_cli import _alert_hub
+from forksight.cli import build_parser
+from forksight.monitor.serve_cli import _alert_hub
 
 
 def _serve(tmp_path, *flags: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "monitor.cli", "serve", "--db", str(tmp_path / "s.duckdb"),
+    argv = [sys.executable, "-m", "forksight", "serve", "--db", str(tmp_path / "s.duckdb"),
             "--port", "1", *flags]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 
 from collector_util import REPO, InProcessCollector, ServeProcess, free_port
-from monitor.client import open_sink
-from monitor.schema import ARROW_MEDIA_TYPE, MAX_BODY_BYTES, MAX_SCALAR_ROWS
+from forksight.monitor.client import open_sink
+from forksight.monitor.schema import ARROW_MEDIA_TYPE, MAX_BODY_BYTES, MAX_SCALAR_ROWS
 
 HOSTILE = ["<script>alert('x')</script>", "'); DROP TABLE scalars; --", "\" OR 1=1 --", "&lt;b&gt;", "é✓\u0000z"]
 
@@ -253,7 +253,7 @@ def _assert_parquet_reads_back(root, run_id):
 
 
 def _export_cli(db, run, out):
-    return subprocess.run([sys.executable, "-m", "monitor.cli", "export", "--db", str(db), "--run", run,
+    return subprocess.run([sys.executable, "-m", "forksight", "export", "--db", str(db), "--run", run,
                            "--out", str(out)], cwd=REPO, capture_output=True, text=True)
 
 
@@ -294,7 +294,7 @@ def test_token_auth_refuses_missing_or_wrong_token(tmp_path, monkeypatch, capsys
         sink.log_scalars(0, {"a": 1.0})
         sink.finish()
         assert sink.rejected == [] and sink.sent_rows == 1
-    from monitor.cli import main
+    from forksight.cli import main
 
     monkeypatch.delenv("FORKSIGHT_TOKEN", raising=False)
     assert main(["serve", "--db", str(tmp_path / "o.duckdb"), "--host", "0.0.0.0", "--port", str(free_port())]) == 2

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from monitor.client import LocalSink, NullSink, open_sink
-from monitor.store import (
+from forksight.monitor.client import LocalSink, NullSink, open_sink
+from forksight.monitor.store import (
     Records, RecordError, Store, histogram_quantile, histograms_table, samples_table, scalars_table,
     tokens_table,
 )

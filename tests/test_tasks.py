@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from trainer.tasks import (ArithmeticTask, CollapseTask, CountdownTask, JsonlTask, Problem,
+from forksight.trainer.tasks import (ArithmeticTask, CollapseTask, CountdownTask, JsonlTask, Problem,
                            held_out, make_task)
 
 

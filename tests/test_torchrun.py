@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from monitor.store import Store
+from forksight.monitor.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ def _torchrun() -> list[str]:
 def test_two_ranks_stream_into_one_merged_run(tmp_path, collector):
     cmd = _torchrun() + [
         # "--" keeps torchrun's own parser from reading our flags (--run is ambiguous to it)
-        "--standalone", "--nproc_per_node=2", "-m", "monitor.cli", "--", "train",
+        "--standalone", "--nproc_per_node=2", "-m", "forksight", "--", "train",
         "--preset", "tiny-test", "--strategy", "fork", "--steps", "2", "--url", collector.url,
         "--run", "ddp", "--out-dir", str(tmp_path / "runs")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

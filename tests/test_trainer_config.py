@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trainer.config import PRESETS, TrainConfig, field_groups, load_config
+from forksight.trainer.config import PRESETS, TrainConfig, field_groups, load_config
 
 
 def test_every_field_has_a_description_and_a_group():

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monitor.store import Store
-from trainer.config import STRATEGIES, load_config
-from trainer.loop import train
+from forksight.monitor.store import Store
+from forksight.trainer.config import STRATEGIES, load_config
+from forksight.trainer.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 def teacher_path():
     """A separately initialised tiny model with the same tokenizer: a teacher whose
     distributions differ from the student's, so the KL has a real argmax."""
-    from trainer.model import TinySpec, build_tiny
+    from forksight.trainer.model import TinySpec, build_tiny
 
     return str(build_tiny(spec=TinySpec(seed=1)))
 
@@ -101,7 +101,7 @@ def test_collapse_preset_drives_entropy_down_and_reward_up(tmp_path):
 def test_cli_trains_ict_end_to_end(tmp_path):
     db = tmp_path / "cli.duckdb"
     out = subprocess.run(
-        [sys.executable, "-m", "monitor.cli", "train", "--preset", "tiny-test", "--strategy", "ict",
+        [sys.executable, "-m", "forksight", "train", "--preset", "tiny-test", "--strategy", "ict",
          "--steps", "2", "--db", str(db), "--out-dir", str(tmp_path / "runs"), "--run", "cli-ict"],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -115,7 +115,7 @@ def test_cli_trains_ict_end_to_end(tmp_path):
 
 
 def test_cli_explains_a_bad_config(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "monitor.cli", "train", "--rho", "1.5"],
+    out = subprocess.run([sys.executable, "-m", "forksight", "train", "--rho", "1.5"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "rho" in out.stderr and "less than or equal to 1" in out.stderr
@@ -129,7 +129,7 @@ def test_ctrl_c_saves_flushes_and_marks_the_run_stopped(tmp_path):
 
     db, runs = tmp_path / "int.duckdb", tmp_path / "runs"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "monitor.cli", "train", "--preset", "tiny-test", "--steps", "100000",
+        [sys.executable, "-m", "forksight", "train", "--preset", "tiny-test", "--steps", "100000",
          "--db", str(db), "--out-dir", str(runs), "--run", "sigint", "--save-every", "1"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ckpt = runs / "sigint" / "checkpoint.pt"

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import torch
 
-from trainer.loss import (bounded_nll, distill_loss, grpo_loss, group_advantages, k3_kl,
+from forksight.trainer.loss import (bounded_nll, distill_loss, grpo_loss, group_advantages, k3_kl,
                           masked_normalise)
 
 

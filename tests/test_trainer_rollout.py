@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.rollout import (completion_hidden, completion_logits, completion_mask, generate,
+from forksight.trainer.rollout import (completion_hidden, completion_logits, completion_mask, generate,
                              head_is_plain, token_logp)
 
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from monitor.metrics import TokenStats, token_kl
-from trainer.selection import select
+from forksight.hooks.metrics import TokenStats, token_kl
+from forksight.trainer.selection import select
 
 
 def _stats(entropy, mask, js=None, logp=None) -> TokenStats:

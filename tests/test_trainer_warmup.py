@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from trainer.rollout import completion_logits, token_logp
-from trainer.tasks import ArithmeticTask, Problem
-from trainer.warmup import encode_targets, ensure_warm, supervised, warm_path
+from forksight.trainer.rollout import completion_logits, token_logp
+from forksight.trainer.tasks import ArithmeticTask, Problem
+from forksight.trainer.warmup import encode_targets, ensure_warm, supervised, warm_path
 
 
 def test_encode_targets_marks_exactly_the_answer_and_eos(tiny):

@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-import hooks.trl
-from monitor.client import LocalSink
+import forksight.trl
+from forksight.monitor.client import LocalSink
 
 REPO = Path(__file__).resolve().parents[1]
 TRL114 = REPO / ".venv" / "trl114"
@@ -38,7 +38,7 @@ def make_trainer(model_path, out_dir, steps: int, reward_log: list, quantile: fl
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from trainer.model import load
+    from forksight.trainer.model import load
 
     model, tokenizer = load(model_path)
 
@@ -63,8 +63,8 @@ def make_trainer(model_path, out_dir, steps: int, reward_log: list, quantile: fl
 def run_a(tiny_model_path, tmp_path_factory):
     """GRPO with forksight attached (JS on all groups, stop on a critical alert that a collapse
     floor above the untrained model's entropy raises once 2 steps are seen)."""
-    from monitor.alerts import AlertConfig, AlertHub, CollapseConfig
-    from monitor.store import Store
+    from forksight.monitor.alerts import AlertConfig, AlertHub, CollapseConfig
+    from forksight.monitor.store import Store
 
     tmp = tmp_path_factory.mktemp("trl_a")
     hub = AlertHub(AlertConfig(collapse=CollapseConfig(floor=50.0, warmup_steps=2, baseline_steps=1, persist=1)))
@@ -74,7 +74,7 @@ def run_a(tiny_model_path, tmp_path_factory):
     trainer = make_trainer(tiny_model_path, tmp / "out", MAX_STEPS, rewards)
     probe = LogProbe()
     trainer.add_callback(probe)
-    callback = hooks.trl.attach(trainer, sink=sink, stop_on_alert=True, js_groups="all", sample=PROMPTS)
+    callback = forksight.trl.attach(trainer, sink=sink, stop_on_alert=True, js_groups="all", sample=PROMPTS)
     trainer.train()
     n_train = len(rewards)
     trainer.evaluate()  # two eval prompts x G: eval_* scalars and eval/pass@k
@@ -212,7 +212,7 @@ def test_unknown_trl_version_warns_and_keeps_scalars(tiny_model_path, tmp_path, 
     trainer = make_trainer(tiny_model_path, tmp_path / "out", 1, [])
     sink = LocalSink(str(tmp_path / "u.duckdb"), "unknown")
     with pytest.warns(UserWarning, match="TRL 9.0.0 is not a version forksight knows"):
-        callback = hooks.trl.attach(trainer, sink=sink)
+        callback = forksight.trl.attach(trainer, sink=sink)
     assert callback.handle is None and not trainer.model._forward_hooks
     trainer.train()
     sink.flush()
@@ -225,7 +225,7 @@ def test_unknown_trl_version_warns_and_keeps_scalars(tiny_model_path, tmp_path, 
 def test_trl_114_example_streams_through_a_real_collector(tmp_path):
     from collector_util import ServeProcess
 
-    from monitor.store import Store
+    from forksight.monitor.store import Store
 
     assert (TRL114 / "trl").is_dir(), f"TRL 1.14 is missing at {TRL114}: run `make setup` (it installs it there)"
     db = tmp_path / "c.duckdb"

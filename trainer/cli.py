@@ -27,7 +27,7 @@ def _flag_kwargs(annotation: Any) -> dict[str, Any]:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register `forksight train`."""
-    from trainer.config import PRESETS, TrainConfig, field_groups
+    from forksight.trainer.config import PRESETS, TrainConfig, field_groups
 
     parser = subparsers.add_parser(
         "train", help="Train the bundled selective-RLVR trainer, streaming to forksight.",
@@ -53,7 +53,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Resolve the config, train, print the result as JSON."""
-    from trainer.config import TrainConfig, load_config
+    from forksight.trainer.config import TrainConfig, load_config
 
     overrides = {name: getattr(args, name, None) for name in TrainConfig.model_fields}
     try:
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.model_dump_json(indent=1))
         return 0
-    from trainer.loop import train
+    from forksight.trainer.loop import train
 
     result = train(config)
     if result.steps is not None:

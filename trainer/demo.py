@@ -47,7 +47,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _train_argv(strategy: str, args: argparse.Namespace, url: str) -> list[str]:
-    argv = [sys.executable, "-m", "monitor.cli", "train", "--preset", args.preset,
+    argv = [sys.executable, "-m", "forksight", "train", "--preset", args.preset,
             "--strategy", strategy, "--steps", str(args.steps), "--seed", str(args.seed),
             "--url", url, "--run", f"demo-{strategy}", "--no-progress"]
     extra: dict[str, str] = {}
@@ -83,9 +83,9 @@ def _run_ids(reader, procs: dict) -> dict[str, str]:
 
 def _prepare_models(args: argparse.Namespace) -> None:
     """Warm up once here so the three trainers start from the same cached model at once."""
-    from trainer.config import load_config
-    from trainer.loop import resolve_models
-    from trainer.tasks import make_task
+    from forksight.trainer.config import load_config
+    from forksight.trainer.loop import resolve_models
+    from forksight.trainer.tasks import make_task
 
     config = load_config(None, args.preset, {"seed": args.seed})
     task = make_task(config.task, level=config.level, reverse=config.reverse, path=config.task_path)
@@ -108,7 +108,7 @@ def _stop(procs: dict[str, subprocess.Popen], grace: float = 15.0) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve, train side by side, report, and shut down cleanly."""
-    from monitor.server import Collector
+    from forksight.monitor.server import Collector
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     started = time.monotonic()

@@ -18,14 +18,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from monitor import metrics
-from trainer import loss as losses
-from trainer.config import TrainConfig
-from trainer.model import build_tiny, load
-from trainer.rollout import (Rollout, completion_hidden, completion_logits, generate, head_is_plain,
+from forksight.hooks import metrics
+from forksight.trainer import loss as losses
+from forksight.trainer.config import TrainConfig
+from forksight.trainer.model import build_tiny, load
+from forksight.trainer.rollout import (Rollout, completion_hidden, completion_logits, generate, head_is_plain,
                              token_logp)
-from trainer.selection import select
-from trainer.tasks import Task, held_out, make_task
+from forksight.trainer.selection import select
+from forksight.trainer.tasks import Task, held_out, make_task
 
 
 @dataclass
@@ -82,7 +82,7 @@ def _barrier(world: int) -> None:
 
 def resolve_models(config: TrainConfig, task: Task, rank: int, world: int) -> tuple[str, str | None]:
     """Policy and teacher directories; rank 0 warms up (cached), the others wait and reuse."""
-    from trainer.warmup import ensure_warm
+    from forksight.trainer.warmup import ensure_warm
 
     base = config.model or str(build_tiny())
     policy, teacher = base, config.teacher
@@ -105,7 +105,7 @@ def open_run_sink(config: TrainConfig, run_name: str, rank: int, world: int):
     """The sink for this rank. One run for all ranks: rank 0 creates it, the others join the
     live run of the same name (the collector merges a step across ranks). With db=..., only
     rank 0 logs: a DuckDB file belongs to one process (use url for multi-rank runs)."""
-    from monitor.client import NullSink, open_sink
+    from forksight.monitor.client import NullSink, open_sink
 
     if not config.stream:
         return NullSink(run_name)
@@ -158,7 +158,7 @@ def setup(config: TrainConfig, sink=None, *, model=None, tokenizer=None,
         run_name = shared[0]
     if sink is None:
         sink = open_run_sink(config, run_name, rank, world)
-    from hooks.report import StepReporter
+    from forksight.hooks.report import StepReporter
 
     reporter = StepReporter(sink, tokenizer, token_groups=config.token_groups)
     ctx = Context(config, model, tokenizer, optimizer, task, reporter, ref, teacher, rank, world,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from monitor import metrics
+from forksight.hooks import metrics
 
 
 @dataclass

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from trainer.loss import bounded_nll
-from trainer.model import cache_root, load
-from trainer.rollout import completion_logits, generate, token_logp
-from trainer.tasks import Problem, Task, held_out
+from forksight.trainer.loss import bounded_nll
+from forksight.trainer.model import cache_root, load
+from forksight.trainer.rollout import completion_logits, generate, token_logp
+from forksight.trainer.tasks import Problem, Task, held_out
 
 
 def warm_path(base: str | Path, task: Task, target_pass: float, loss: str, seed: int) -> Path:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, dcc, html
 
-from dashboard import data
-from dashboard.figures import COMPARE_PANELS, compare_figure, pass_keys
+from forksight.dashboard import data
+from forksight.dashboard.figures import COMPARE_PANELS, compare_figure, pass_keys
 
 REFRESH_MS = 5000
 MAX_RUNS = 12

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, State, dcc, html, no_update
 
-from dashboard import data
-from dashboard.run_view import Controls, draw_run, run_row, status_line, tick_run
+from forksight.dashboard import data
+from forksight.dashboard.run_view import Controls, draw_run, run_row, status_line, tick_run
 
 TICK_MS = 1000
 GRAPHS = ("entropy", "heatmap", "passk", "signals", "custom")

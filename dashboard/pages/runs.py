@@ -9,8 +9,8 @@ import dash
 import pandas as pd
 from dash import Input, Output, State, dash_table, dcc, html
 
-from dashboard import data
-from dashboard.figures import sparkline
+from forksight.dashboard import data
+from forksight.dashboard.figures import sparkline
 
 REFRESH_MS = 3000
 COLUMNS = [("name", "run"), ("status", "status"), ("strategy", "strategy"), ("model", "model"),

@@ -9,9 +9,9 @@ import dash
 import pandas as pd
 from dash import Input, Output, State, dcc, html
 
-from dashboard import data
-from dashboard.figures import downsample_indices, position_step_heatmap
-from dashboard.tokens_view import (METRICS, legend, metric_scale, pick_sample, sample_label,
+from forksight.dashboard import data
+from forksight.dashboard.figures import downsample_indices, position_step_heatmap
+from forksight.dashboard.tokens_view import (METRICS, legend, metric_scale, pick_sample, sample_label,
                                    token_spans)
 
 HISTORY_STEPS = 24      # columns of the position × step heatmap (one read per step, cached)

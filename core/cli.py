@@ -12,10 +12,10 @@ import sys
 
 # module -> its subcommands; order is the order in `forksight --help`
 SUBCOMMAND_MODULES = (
-    "monitor.serve_cli",    # serve, export
-    "trainer.cli",          # train
-    "monitor.alerts_cli",   # alerts replay
-    "trainer.demo",         # demo
+    "forksight.monitor.serve_cli",    # serve, export
+    "forksight.trainer.cli",          # train
+    "forksight.monitor.alerts_cli",   # alerts replay
+    "forksight.trainer.demo",         # demo
 )
 
 

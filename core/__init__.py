@@ -1,0 +1,56 @@
+"""forksight: token-level training diagnostics and a live dashboard for RLVR (GRPO, DAPO).
+
+The public API is what this module names; everything under `forksight.monitor`,
+`forksight.hooks`, `forksight.trainer` and `forksight.dashboard` is internal.
+
+    forksight.attach(model, ...)           forward hooks on any PyTorch / HF causal LM
+    forksight.trl.attach(trainer, ...)     TRL's GRPOTrainer, one line
+    forksight.open_sink(run, url=, db=)    stream your own numbers (NullSink: the same, doing nothing)
+    forksight.serve(db, host=, port=)      a collector + dashboard running in this process
+    forksight.token_stats(...), forksight.pass_at_k(n, c, k)   the per-token math
+
+Names load on first use, so `import forksight` imports neither torch nor Dash.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (loaded lazily)
+_PUBLIC = {
+    "attach": "forksight.hooks.attach",
+    "AttachHandle": "forksight.hooks.attach",
+    "open_sink": "forksight.monitor.client",
+    "NullSink": "forksight.monitor.client",
+    "serve": "forksight.monitor.server",
+    "Collector": "forksight.monitor.server",
+    "token_stats": "forksight.hooks.metrics",
+    "TokenStats": "forksight.hooks.metrics",
+    "pass_at_k": "forksight.hooks.metrics",
+    "pass_at_k_groups": "forksight.hooks.metrics",
+}
+_SUBMODULES = ("trl",)
+
+__all__ = [*_PUBLIC, *_SUBMODULES, "__version__"]
+
+if TYPE_CHECKING:
+    from forksight.hooks.attach import AttachHandle, attach
+    from forksight.hooks.metrics import TokenStats, pass_at_k, pass_at_k_groups, token_stats
+    from forksight.monitor.client import NullSink, open_sink
+    from forksight.monitor.server import Collector, serve
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:   # forksight.trl imports TRL, an optional extra
+        return importlib.import_module(f"forksight.{name}")
+    raise AttributeError(f"module 'forksight' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
