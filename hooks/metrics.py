@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from forksight.constants import ENTROPY_EDGES, FORK_ENTROPY
+
 __all__ = [
     "TokenStats",
     "token_stats",
@@ -31,9 +33,6 @@ __all__ = [
     "summarize",
 ]
 
-# The 80th entropy percentile reported by "Beyond the 80/20 Rule" (Qwen3-8B CoT): fork/frac
-# counts tokens above it so runs can be compared with the paper's reference line.
-FORK_ENTROPY = 0.672
 
 # Scratch is counted in rows of V float32 values; `chunk_size` caps the rows alive at once, so the
 # extra memory is at most chunk_size × V × 4 bytes (JS needs one position: 6B rows, at least).
@@ -560,16 +559,6 @@ def token_covariance(advantages, logp: Tensor, mask: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------- histograms, summaries
 
 
-def _entropy_edges() -> np.ndarray:
-    """0; 10 log bins per decade from 1e-4 to 1 nat (over half the tokens are < 0.01); 0.1-nat bins
-    to 4; 0.25-nat bins to 12 (≥ log 151936 ≈ 11.93). FORK_ENTROPY is an edge of its own."""
-    fine = np.round(np.logspace(-4, 0, 41), 6)
-    mid = np.round(np.arange(1.1, 4.0 + 1e-9, 0.1), 6)
-    wide = np.round(np.arange(4.25, 12.0 + 1e-9, 0.25), 6)
-    return np.unique(np.concatenate([[0.0, FORK_ENTROPY], fine, mid, wide]))
-
-
-ENTROPY_EDGES: np.ndarray = _entropy_edges()
 
 
 def histogram(values, edges: Sequence[float] | np.ndarray = ENTROPY_EDGES) -> np.ndarray:

@@ -3,6 +3,7 @@ of files named like forksight's rooms: one import name, nothing generic at the t
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -19,9 +20,17 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
+    # build from a copy of the packaged files: an in-tree build would leave build/ in the checkout
+    import tomllib
+
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("dist")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for folder in set(project["tool"]["setuptools"]["package-dir"].values()):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(out), str(ROOT)], check=True, capture_output=True, text=True)
+                    "-w", str(out), str(src)], check=True, capture_output=True, text=True)
     (path,) = out.glob("forksight-*.whl")
     return path
 
