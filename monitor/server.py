@@ -27,6 +27,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import ValidationError
 from starlette.background import BackgroundTask
 
+from forksight.monitor.errors import ApiError, validation_message
 from forksight.monitor.schema import (
     ARROW_MEDIA_TYPE, BATCH_ID_RE, MAX_BODY_BYTES, MAX_RANK, RUN_ID_RE, Batch, RunCreate, RunUpdate, limits,
 )
@@ -36,27 +37,6 @@ from forksight.monitor.store import (
 
 log = logging.getLogger("forksight.server")
 TOKEN_COOKIE = "forksight_token"
-
-
-class ApiError(Exception):
-    """An HTTP error with a message that says what was wrong and what to do."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-def _where(loc: tuple) -> str:
-    parts = [str(p) for p in loc if p not in ("body",)]
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
-    return out or "body"
-
-
-def validation_message(errors: list[dict]) -> str:
-    """Pydantic errors -> one line per field: 'scalars[0].value: Input should be a finite number'."""
-    return "; ".join(f"{_where(tuple(e.get('loc', ())))}: {e.get('msg')}" for e in errors[:20])
 
 
 # ---------------------------------------------------------------------------- impl (pure)
