@@ -24,8 +24,8 @@ _PUBLIC = {
     "AttachHandle": "forksight.hooks.attach",
     "open_sink": "forksight.monitor.client",
     "NullSink": "forksight.monitor.client",
-    "serve": "forksight.monitor.server",
-    "Collector": "forksight.monitor.server",
+    "serve": "forksight.app",
+    "Collector": "forksight.app",
     "token_stats": "forksight.hooks.metrics",
     "TokenStats": "forksight.hooks.metrics",
     "pass_at_k": "forksight.hooks.metrics",
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from forksight.hooks.attach import AttachHandle, attach
     from forksight.hooks.metrics import TokenStats, pass_at_k, pass_at_k_groups, token_stats
     from forksight.monitor.client import NullSink, open_sink
-    from forksight.monitor.server import Collector, serve
+    from forksight.app import Collector, serve
 
 
 def __getattr__(name: str) -> Any:

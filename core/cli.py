@@ -1,38 +1,36 @@
 """The `forksight` command: one dispatcher, each subcommand lives with the code it runs.
 
 Every module below exposes `add_parser(subparsers)` that registers its subcommand(s) and
-sets `func` on the parser. `add_parser` must stay light (no torch/dash import at module
-top) so `forksight --help` answers instantly; heavy imports happen inside `func`.
+sets `func`. Those modules stay light (no torch/dash at module top) so `forksight --help`
+answers instantly; heavy imports happen inside `func`.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-# module -> its subcommands; order is the order in `forksight --help`
-SUBCOMMAND_MODULES = (
-    "forksight.monitor.serve_cli",    # serve, export
-    "forksight.trainer.cli",          # train
-    "forksight.monitor.alerts_cli",   # alerts replay
-    "forksight.trainer.demo",         # demo
+from forksight.monitor import alerts_cli, serve_cli
+from forksight.trainer import cli as train_cli
+from forksight.trainer import demo
+
+# each module's add_parser registers its subcommand(s); order is the order in `forksight --help`
+SUBCOMMANDS = (
+    serve_cli.add_parser,     # serve, export
+    train_cli.add_parser,     # train
+    alerts_cli.add_parser,    # alerts replay
+    demo.add_parser,          # demo
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `forksight` parser with every subcommand registered."""
     parser = argparse.ArgumentParser(
         prog="forksight",
         description="Token-level training diagnostics and a live dashboard for RLVR (GRPO/DAPO).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:  # a real missing dependency inside the module: say so
-                raise
-            continue
-        module.add_parser(sub)
+    for add_parser in SUBCOMMANDS:
+        add_parser(sub)
     return parser
 
 

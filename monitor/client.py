@@ -202,7 +202,7 @@ def open_sink(run: str = "run", url: str | None = None, db: str | None = None, *
     if not embedded:
         raise RuntimeError(f"no forksight collector answers at {url}; start one with `forksight serve` "
                            "or pass db=PATH for an in-process store")
-    from forksight.monitor.server import start_embedded
+    from forksight.app import start_embedded
 
     start_embedded(url, db=os.environ.get("FORKSIGHT_DB", DEFAULT_DB), token=token)
     # atexit runs last-registered first: sinks must flush before the embedded collector stops

@@ -39,7 +39,8 @@ def add_parser(subparsers) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from forksight.monitor.server import create_app, is_loopback
+    from forksight.app import create_app
+    from forksight.monitor.guard import is_loopback
     from forksight.monitor.store import Store
 
     token = args.token or os.environ.get("FORKSIGHT_TOKEN") or None

@@ -1,24 +1,19 @@
-"""The collector: a FastAPI app over one Store (ingest, runs, reads), plus the embedded mode.
+"""The collector's HTTP API over one Store: ingest, runs and reads (routes only).
 
 Routes are thin; the `*_impl` functions do the work and are what tests and the dashboard
 could call directly. Every input is validated (monitor/schema.py holds the limits); a refused
-request stores nothing, and the server keeps serving.
+request stores nothing, and the server keeps serving. forksight/app.py composes this API with
+the guard and the dashboard.
 """
 from __future__ import annotations
 
 import asyncio
-import atexit
-import hmac
-import ipaddress
 import logging
 import os
 import shutil
 import tempfile
-import threading
 import time
-from http.cookies import SimpleCookie
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import pandas as pd
 from fastapi import FastAPI, Query, Request
@@ -28,15 +23,15 @@ from pydantic import ValidationError
 from starlette.background import BackgroundTask
 
 from forksight.monitor.errors import ApiError, validation_message
+from forksight.monitor.guard import read_body
 from forksight.monitor.schema import (
-    ARROW_MEDIA_TYPE, BATCH_ID_RE, MAX_BODY_BYTES, MAX_RANK, RUN_ID_RE, Batch, RunCreate, RunUpdate, limits,
+    ARROW_MEDIA_TYPE, BATCH_ID_RE, MAX_RANK, RUN_ID_RE, Batch, RunCreate, RunUpdate, limits,
 )
 from forksight.monitor.store import (
     Records, RecordError, Store, histograms_table, samples_table, scalars_table, tokens_table,
 )
 
 log = logging.getLogger("forksight.server")
-TOKEN_COOKIE = "forksight_token"
 
 
 # ---------------------------------------------------------------------------- impl (pure)
@@ -128,84 +123,9 @@ def export_impl(store: Store, run_id: str) -> str:
     return shutil.make_archive(os.path.join(tmp, run_id), "zip", root_dir=os.path.join(tmp, run_id))
 
 
-# ---------------------------------------------------------------------------- auth, limits
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-class GuardMiddleware:
-    """Pure ASGI: refuse bodies over MAX_BODY_BYTES (413) and, with a token, anything without it (401)."""
-
-    def __init__(self, app, token: str | None, max_body: int = MAX_BODY_BYTES):
-        self.app, self.token, self.max_body = app, token, max_body
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        set_cookie = False
-        if self.token:
-            supplied = None
-            auth = headers.get("authorization", "")
-            if auth.lower().startswith("bearer "):
-                supplied = auth[7:].strip()
-            elif "cookie" in headers:
-                cookie = SimpleCookie()
-                cookie.load(headers["cookie"])
-                if TOKEN_COOKIE in cookie:
-                    supplied = cookie[TOKEN_COOKIE].value
-            if supplied is None:
-                query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-                if "token" in query:
-                    supplied, set_cookie = query["token"][0], True
-            if supplied is None or not hmac.compare_digest(supplied.encode(), self.token.encode()):
-                what = "missing" if supplied is None else "wrong"
-                return await _send_json(send, 401, f"{what} token: send 'Authorization: Bearer <token>' "
-                                        "(browsers: open the dashboard once with ?token=<token>)")
-        length = headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
-            return await _send_json(send, 413, f"body is {length} bytes; the limit is {self.max_body}: "
-                                    "send smaller batches")
-        if set_cookie:
-            token = self.token
-
-            async def send_with_cookie(message):
-                if message["type"] == "http.response.start":
-                    cookie = f"{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict".encode()
-                    message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", cookie)]}
-                await send(message)
-            return await self.app(scope, receive, send_with_cookie)
-        return await self.app(scope, receive, send)
-
-
-async def _send_json(send, status: int, detail: str) -> None:
-    import json
-
-    body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The request body, refusing (413) past `limit` even without a Content-Length."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"body is over {limit} bytes; send smaller batches")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-# ---------------------------------------------------------------------------- app
-def create_app(store: Store, *, token: str | None = None, dashboard: bool = True) -> FastAPI:
-    """The collector app over `store`; /api routes first, the Dash dashboard mounted at /."""
+# ---------------------------------------------------------------------------- routes
+def create_api(store: Store) -> FastAPI:
+    """The collector's API over `store` (no guard, no dashboard: forksight/app.py adds those)."""
     app = FastAPI(title="forksight collector", version="0.1.0",
                   description="Ingest of per-step and per-token training diagnostics; reads for the dashboard.")
     app.state.store = store
@@ -330,10 +250,6 @@ def create_app(store: Store, *, token: str | None = None, dashboard: bool = True
         path = export_impl(store, run_id)
         return FileResponse(path, media_type="application/zip", filename=f"{run_id}-parquet.zip",
                             background=BackgroundTask(shutil.rmtree, os.path.dirname(path), True))
-
-    if dashboard:
-        _mount_dashboard(app, reader)
-    app.add_middleware(GuardMiddleware, token=token)
     return app
 
 
@@ -344,80 +260,3 @@ def _isna(value: Any) -> bool:
         return False
 
 
-def _mount_dashboard(app: FastAPI, reader) -> None:
-    # after the /api routes, so they stay first; skipped while dashboard/app.py does not exist
-    try:
-        from forksight.dashboard.app import create_dash
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("forksight.dashboard.app", "forksight.dashboard"):
-            raise
-        return
-    from a2wsgi import WSGIMiddleware
-
-    try:
-        dash_app = create_dash(reader, url_base="/")
-    except Exception:  # noqa: BLE001 - a broken page must not take ingest down with it
-        log.exception("forksight: the dashboard failed to start; serving the API only")
-        return
-    app.mount("/", WSGIMiddleware(dash_app.server))
-
-
-# ---------------------------------------------------------------------------- running it
-class Collector:
-    """A collector running in a daemon thread of this process (the embedded default, tests)."""
-
-    def __init__(self, db: str, host: str = "127.0.0.1", port: int = 8050, token: str | None = None,
-                 dashboard: bool = True):
-        import uvicorn
-
-        if not is_loopback(host) and not token:
-            raise ValueError(f"binding {host} needs a token (--token or FORKSIGHT_TOKEN): anyone on the "
-                             "network could write and read runs otherwise")
-        self.store = Store(db)
-        self.app = create_app(self.store, token=token, dashboard=dashboard)
-        self.url = f"http://{host}:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning",
-                                                    access_log=False, timeout_graceful_shutdown=5))
-        self.thread = threading.Thread(target=self.server.run, name="forksight-collector", daemon=True)
-
-    def start(self, timeout: float = 20.0) -> "Collector":
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                self.store.close()
-                raise RuntimeError(f"the embedded collector could not start on {self.url} (port in use?)")
-            time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        """Stop serving, then write what is queued and close the DuckDB file."""
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.store.close()
-
-
-def serve(db: str, host: str = "127.0.0.1", port: int = 8050, token: str | None = None,
-          dashboard: bool = True) -> Collector:
-    """Start a collector (API + dashboard) in a thread of this process; `.stop()` ends it."""
-    return Collector(db, host=host, port=port, token=token, dashboard=dashboard).start()
-
-
-_embedded: list[Collector] = []
-
-
-def start_embedded(url: str, db: str, token: str | None = None) -> Collector:
-    """Start a collector in this process at url (loopback), on `db`; stopped at exit."""
-    parsed = urlparse(url)
-    collector = Collector(db, host=parsed.hostname or "127.0.0.1", port=parsed.port or 8050, token=token).start()
-    log.warning("forksight: started an embedded collector on %s (db %s); it lives as long as this process",
-                collector.url, db)
-    _embedded.append(collector)
-    return collector
-
-
-@atexit.register
-def _stop_embedded() -> None:
-    # registered at import, before any sink exists: atexit runs it after sinks have flushed
-    while _embedded:
-        _embedded.pop().stop()

@@ -113,7 +113,7 @@ class InProcessCollector:
 
     def __init__(self, db: str | os.PathLike, *, port: int | None = None, token: str | None = None,
                  dashboard: bool = False):
-        from forksight.monitor.server import Collector
+        from forksight.app import Collector
 
         self.port, self.token = port or free_port(), token
         self.collector = Collector(str(db), port=self.port, token=token, dashboard=dashboard)

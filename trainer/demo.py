@@ -108,7 +108,7 @@ def _stop(procs: dict[str, subprocess.Popen], grace: float = 15.0) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve, train side by side, report, and shut down cleanly."""
-    from forksight.monitor.server import Collector
+    from forksight.app import Collector
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     started = time.monotonic()
