@@ -24,7 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from forksight.trainer.config import DISTILL_STRATEGIES, STRATEGIES, load_config  # noqa: E402
-from forksight.trainer.loop import _needs_stats, setup, train_step  # noqa: E402
+from forksight.trainer.loop import setup  # noqa: E402
+from forksight.trainer.step import _needs_stats, train_step  # noqa: E402
 from forksight.trainer.model import TinySpec, build_tiny, load  # noqa: E402
 
 

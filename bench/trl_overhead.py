@@ -51,7 +51,7 @@ class Rotate(TrainerCallback):
         self._mode = MODES[(state.global_step - self.warmup) % len(MODES)] if state.global_step >= self.warmup else None
         self.monitor.enabled = self._mode != "off"
         if self.monitor.handle is not None:
-            self.monitor.handle.js_groups = "all" if self._mode == "js_all" else None
+            self.monitor.handle.stats.js_groups = "all" if self._mode == "js_all" else None
         self._t0, self._c0 = time.perf_counter(), time.process_time()
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
             "per-token entropy, Rényi-2, log p, top-1 and ICT JS rows "
             f"({stored['token_rows']} token rows in the tiny run)",
             f"entropy histogram of every completion token per step ({stored['histogram_steps']} steps)",
-            "entropy percentiles p20/p50/p80/p95, fork/frac, fork/threshold, selected/frac (top_entropy_quantile mask)",
+            "entropy percentiles p20/p50/p80/p95, fork/frac, selected/frac (top_entropy_quantile mask)",
             "renyi2/mean, js/mean, top1/mean, logp/mean, cov/logp_adv (Cui et al. covariance)",
             "pass@1..pass@G from the rollouts' verdicts, groups/zero_var_frac",
             f"every completion with prompt, reward, verdict and group id ({stored['sample_rows']} sample rows)",

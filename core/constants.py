@@ -10,7 +10,7 @@ import numpy as np
 # The 80th entropy percentile reported by "Beyond the 80/20 Rule" (Qwen3-8B CoT). An ABSOLUTE
 # reference: `fork/frac` counts tokens with H >= FORK_ENTROPY so runs can be compared with the
 # paper's line. Not to be confused with the `fork` strategy's top-rho quantile, which is relative
-# to each batch (see forksight.hooks.metrics.fork_mask).
+# to each batch (see forksight.hooks.token_select.top_rho_mask).
 FORK_ENTROPY = 0.672
 
 

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from forksight.hooks.attach import AttachHandle, _as_text
 from forksight.hooks import metrics
+from forksight.hooks.attach import AttachHandle
+from forksight.hooks.sample_log import as_text
 
 log = logging.getLogger("forksight.trl")
 
@@ -162,7 +163,7 @@ class ForksightCallback(TrainerCallback):
                 # the same call TRL makes; with several ranks TRL gathers entropies, so use the local quantile
                 if accel.num_processes == 1:
                     return trainer.get_high_entropy_mask(entropy, mask, 1 - quantile)
-                return metrics.fork_mask(entropy, mask, rho=quantile)[0]
+                return metrics.top_rho_mask(entropy, mask, rho=quantile)[0]
             self.handle.selection_fn = select
         if self.mode == "fused":
             self._patch_fused_head(model, trainer)
@@ -229,7 +230,7 @@ class ForksightCallback(TrainerCallback):
         self._advantages = [float(a) for a in list(logs["advantages"])[-n:]]
         if accel.is_main_process:  # _logs is gathered over ranks: one rank logs the samples
             prompts, completions = list(logs["prompt"])[-n:], list(logs["completion"])[-n:]
-            self._samples = [{"prompt": _as_text(p), "completion": _as_text(c), "reward": r, "correct": k}
+            self._samples = [{"prompt": as_text(p), "completion": as_text(c), "reward": r, "correct": k}
                              for p, c, r, k in zip(prompts, completions, rewards, correct)]
 
     # ------------------------------------------------------------------ trainer events

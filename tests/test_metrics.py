@@ -13,7 +13,7 @@ from scipy.special import logsumexp
 from forksight.hooks import metrics
 from forksight.hooks.metrics import (
     ENTROPY_EDGES,
-    fork_mask,
+    top_rho_mask,
     histogram,
     pass_at_k,
     pass_at_k_groups,
@@ -357,21 +357,21 @@ def test_pass_at_k_groups_rectangular_and_ragged():
 # ---------------------------------------------------------------------------- selection helpers
 
 
-def test_fork_mask_keeps_top_rho_of_valid_tokens():
+def test_top_rho_mask_keeps_top_rho_of_valid_tokens():
     g = torch.Generator().manual_seed(17)
     entropy = torch.rand(16, 50, generator=g) * 3
     mask = torch.rand(16, 50, generator=g) < 0.7
-    selected, threshold = fork_mask(entropy, mask, rho=0.2)
+    selected, threshold = top_rho_mask(entropy, mask, rho=0.2)
     assert threshold == pytest.approx(float(np.quantile(entropy[mask].numpy(), 0.8)), abs=1e-6)
     assert not bool((selected & ~mask).any())
     assert abs(selected.sum().item() / mask.sum().item() - 0.2) <= 0.01
     assert bool((entropy[selected] >= threshold).all())
     with_nan = entropy.clone()
     with_nan[0] = float("nan")  # not computed: neither selected nor counted in the quantile
-    nan_selected, nan_threshold = fork_mask(with_nan, mask, rho=0.2)
+    nan_selected, nan_threshold = top_rho_mask(with_nan, mask, rho=0.2)
     assert nan_threshold == pytest.approx(float(np.quantile(entropy[1:][mask[1:]].numpy(), 0.8)), abs=1e-6)
     assert not bool(nan_selected[0].any())
-    empty, inf = fork_mask(entropy, torch.zeros_like(mask))
+    empty, inf = top_rho_mask(entropy, torch.zeros_like(mask))
     assert not bool(empty.any()) and inf == float("inf")
 
 

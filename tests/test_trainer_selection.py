@@ -46,7 +46,7 @@ def test_fork_keeps_exactly_the_top_rho_entropy_tokens(normalizer, expected_norm
     assert set(np.flatnonzero(sel.mask.numpy().ravel())) == top
     assert abs(n_keep / mask.sum() - 0.2) <= 1 / mask.sum()  # ≈ ρ of the valid tokens
     assert sel.normalizer == expected_norm
-    assert np.isclose(sel.info["fork/threshold"], np.quantile(valid_values, 0.8))
+    assert np.isclose(sel.info["selected/threshold"], np.quantile(valid_values, 0.8))
 
 
 def test_ict_keeps_top_rho_js_per_response_and_at_least_one():

@@ -1,13 +1,12 @@
 """The training loop: `train(config, sink=None) -> TrainResult`. Reads top to bottom: set up
-(distributed, models, sink), then per step rollout → rewards → one forward → token_stats →
-selection → loss → step → report. Under torchrun every rank trains on its own prompts, the
-gradients are all-reduced (gloo on CPU), and every rank streams its own records.
+(distributed, models, sink), then `step.train_step` per step (rollout → forward → statistics →
+selection → update → report), evaluation and checkpoints. Under torchrun every rank trains on
+its own prompts, the gradients are all-reduced (gloo on CPU), and every rank streams its own records.
 """
 from __future__ import annotations
 
 import copy
 import os
-import random
 import signal
 import threading
 import time
@@ -16,15 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from forksight.hooks import metrics
-from forksight.trainer import loss as losses
 from forksight.trainer.config import TrainConfig
 from forksight.trainer.model import build_tiny, load
-from forksight.trainer.rollout import (Rollout, completion_hidden, completion_logits, generate, head_is_plain,
-                             token_logp)
-from forksight.trainer.selection import select
+from forksight.trainer.rollout import generate, head_is_plain
+from forksight.trainer.step import Context, train_step
 from forksight.trainer.tasks import Task, held_out, make_task
 
 
@@ -39,26 +35,6 @@ class TrainResult:
     stopped_early: bool = False   # sink.should_stop (a critical alert) ended the run
     checkpoint: str | None = None
     seconds: float = 0.0
-
-
-@dataclass
-class Context:
-    """Everything one step needs; built once by `setup`, reusable by benchmarks."""
-
-    config: TrainConfig
-    model: Any
-    tokenizer: Any
-    optimizer: torch.optim.Optimizer
-    task: Task
-    reporter: Any = None          # hooks.report.StepReporter, or None to stream nothing
-    ref: Any = None               # reference model (beta > 0)
-    teacher: Any = None           # teacher model (distillation strategies)
-    rank: int = 0
-    world: int = 1
-    model_path: str = ""
-    run_name: str = ""
-    split_head: bool = False      # logits == output_layer(base_model(...)): sparse backward works
-    report_seconds: float = 0.0   # time the last StepReporter.report call took
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,165 +140,6 @@ def setup(config: TrainConfig, sink=None, *, model=None, tokenizer=None,
     ctx = Context(config, model, tokenizer, optimizer, task, reporter, ref, teacher, rank, world,
                   policy_path, run_name, head_is_plain(model))
     return ctx, sink
-
-
-# ---------------------------------------------------------------------------------------------
-# one step
-
-
-def _step_seed(config: TrainConfig, rank: int, step: int) -> int:
-    """Every (seed, rank, step) draws its own prompts and samples: resume replays exactly."""
-    return (config.seed * 1_000_003 + rank * 7919 + step) % (2**31)
-
-
-def rollout_batch(ctx: Context, step: int) -> tuple[Rollout, list, torch.Tensor, list[bool]]:
-    """Prompts for this rank and step, G samples each, and their verdicts."""
-    cfg = ctx.config
-    rng = random.Random(_step_seed(cfg, ctx.rank, step))
-    problems = [ctx.task.sample(rng) for _ in range(cfg.prompts_per_step)]
-    torch.manual_seed(_step_seed(cfg, ctx.rank, step))
-    roll = generate(ctx.model, ctx.tokenizer, [p.prompt for p in problems], cfg.group_size,
-                    temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                    group_offset=ctx.rank * cfg.prompts_per_step)
-    verdicts = [ctx.task.verify(problems[i // cfg.group_size], text)
-                for i, text in enumerate(roll.texts)]
-    rewards = torch.tensor([r for r, _ in verdicts], dtype=torch.float32,
-                           device=roll.completion.device)
-    return roll, problems, rewards, [c for _, c in verdicts]
-
-
-def _all_reduce_grads(model, world: int) -> None:
-    """Average gradients over ranks (manual DDP: the model also has to `generate`)."""
-    if world == 1:
-        return
-    for p in model.parameters():
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        torch.distributed.all_reduce(p.grad)
-        p.grad.div_(world)
-
-
-# Strategies that train on a small fraction of tokens: the output layer (V × H, the largest
-# matrix in a small model's step) runs with grad on the selected rows only.
-SPARSE_STRATEGIES = ("fork", "ict", "random", "maxtok", "mintok", "rand1tok")
-
-
-def _needs_stats(strategy: str) -> bool:
-    return strategy in ("fork", "ict", "stapo")
-
-
-def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, float]:
-    """One RL step; returns the scalars the reporter streamed (or the loss-side ones).
-    report=False skips monitoring entirely (statistics the strategy does not need, reporting):
-    the baseline the overhead benchmark compares against."""
-    cfg = ctx.config
-    clock = {"start": time.perf_counter()}
-    roll, problems, rewards, correct = rollout_batch(ctx, step)
-    clock["rollout"] = time.perf_counter()
-    adv = losses.group_advantages(rewards, roll.group_ids, scale=cfg.scale_rewards)
-    valid = roll.mask
-    sparse = ctx.split_head and cfg.strategy in SPARSE_STRATEGIES
-    head = ctx.model.get_output_embeddings()
-    if sparse:  # logits without a graph for statistics/selection; grad later on selected rows
-        hidden = completion_hidden(ctx.model, roll.input_ids, roll.attention_mask, roll.prompt_len)
-        with torch.no_grad():
-            logits = head(hidden.detach())
-    else:
-        logits = completion_logits(ctx.model, roll.input_ids, roll.attention_mask, roll.prompt_len)
-    # The one pass over the vocabulary for statistics: selection reads it, the reporter ships it.
-    clock["forward"] = time.perf_counter()
-    if report or _needs_stats(cfg.strategy):
-        stats = metrics.token_stats(logits.detach(), mask=valid, tokens=roll.completion,
-                                    temperature=cfg.temperature,
-                                    group_ids=roll.group_ids if report or cfg.strategy == "ict" else None)
-    else:  # all / random / distillation select from the mask (and KL) alone
-        stats = metrics.TokenStats(entropy=None, renyi2=None, top1=None, logp=None, js=None,
-                                   mask=valid)
-    clock["stats"] = time.perf_counter()
-    gen = torch.Generator().manual_seed(_step_seed(cfg, ctx.rank, step))
-    teacher_logits = kl = None
-    if ctx.teacher is not None:
-        with torch.no_grad():
-            teacher_logits = completion_logits(ctx.teacher, roll.input_ids, roll.attention_mask,
-                                               roll.prompt_len)
-        kl = metrics.token_kl(logits.detach() / cfg.temperature,
-                              teacher_logits / cfg.temperature, valid)
-    sel = select(cfg.strategy, stats, advantages=adv, rho=cfg.effective_rho,
-                 normalizer=cfg.normalizer, generator=gen, stapo_tau_p=cfg.stapo_tau_p,
-                 stapo_entropy_q=cfg.stapo_entropy_q, kl=kl, distill_tokens=cfg.distill_tokens)
-    ref_logp = None
-    if ctx.ref is not None:
-        with torch.no_grad():
-            ref_logits = completion_logits(ctx.ref, roll.input_ids, roll.attention_mask,
-                                           roll.prompt_len)
-            ref_logp = token_logp(ref_logits, roll.completion, cfg.temperature)
-    clock["select"] = time.perf_counter()
-    info: dict[str, float] = {}
-    old_logp = None
-    rows = sel.mask.nonzero(as_tuple=True)
-    for update in range(cfg.updates_per_batch):
-        if update > 0:  # later updates see the moved policy: recompute its forward
-            if sparse:
-                hidden = completion_hidden(ctx.model, roll.input_ids, roll.attention_mask,
-                                           roll.prompt_len)
-            else:
-                logits = completion_logits(ctx.model, roll.input_ids, roll.attention_mask,
-                                           roll.prompt_len)
-        # logits with grad: selected rows only (sparse) or the whole batch
-        picked = head(hidden[rows]) if sparse else logits[rows]
-        if teacher_logits is not None:
-            loss = _distill(picked, teacher_logits[rows], cfg.temperature)
-        else:
-            logp = torch.zeros(valid.shape, dtype=torch.float32, device=picked.device)
-            logp = logp.index_put(rows, token_logp(picked, roll.completion[rows], cfg.temperature))
-            old_logp = logp.detach() if old_logp is None else old_logp
-            loss, info = losses.grpo_loss(logp, old_logp, adv, sel.mask, valid,
-                                          clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                          normalizer=sel.normalizer, ref_logp=ref_logp,
-                                          beta=cfg.beta)
-        clock["loss"] = time.perf_counter()
-        ctx.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        clock["backward"] = time.perf_counter()
-        _all_reduce_grads(ctx.model, ctx.world)
-        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), max_norm)
-        ctx.optimizer.step()
-    clock["end"] = time.perf_counter()
-    extra: dict[str, float] = {**info, **sel.info, "loss": loss.item(), "grad_norm": float(grad_norm),
-                               "lr": ctx.optimizer.param_groups[0]["lr"]}
-    extra.setdefault("kl", 0.0)
-    extra["time/rollout"] = clock["rollout"] - clock["start"]
-    extra["time/stats"] = clock["stats"] - clock["forward"]
-    extra["time/backward"] = clock["backward"] - clock["loss"]
-    extra["time/step"] = clock["end"] - clock["start"]
-    extra["tokens/trained"] = float(len(rows[0]))
-    if kl is not None:
-        extra["distill/kl_mean"] = float(kl[valid].mean()) if valid.any() else 0.0
-    if not report or ctx.reporter is None:
-        return extra
-    samples = [{"prompt": problems[i // cfg.group_size].prompt, "completion": text,
-                "reward": float(rewards[i]), "correct": correct[i], "source": ctx.task.name}
-               for i, text in enumerate(roll.texts)]
-    start = time.perf_counter()
-    # ids unique across ranks: every rank stores its rows in the same run
-    rows_here, groups_here = roll.completion.shape[0], cfg.prompts_per_step
-    scalars = ctx.reporter.report(step, stats, roll.completion, selected=sel.mask,
-                                  group_ids=roll.group_ids + ctx.rank * groups_here,
-                                  advantages=adv, samples=samples, extra=extra,
-                                  weight=float(valid.sum()),
-                                  sample_ids=range(ctx.rank * rows_here, (ctx.rank + 1) * rows_here))
-    ctx.report_seconds = time.perf_counter() - start  # for benchmarks; not streamed
-    return scalars
-
-
-def _distill(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Mean reverse KL(student ‖ teacher) over the selected rows [N, V], with grad (the dense
-    per-token KL that chose them came from metrics.token_kl, without grad)."""
-    log_s = torch.log_softmax(logits.float() / temperature, dim=-1)
-    log_t = torch.log_softmax(teacher_logits.float() / temperature, dim=-1)
-    per_token = F.kl_div(log_t, log_s, log_target=True, reduction="none").sum(-1)
-    return losses.distill_loss(per_token, torch.ones_like(per_token, dtype=torch.bool))
 
 
 # ---------------------------------------------------------------------------------------------

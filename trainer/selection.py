@@ -30,8 +30,9 @@ def select(strategy: str, stats: "metrics.TokenStats", *, advantages: torch.Tens
     if strategy == "all":
         return Selection(valid.clone(), "tokens")
     if strategy == "fork":
-        mask, threshold = metrics.fork_mask(stats.entropy, valid, rho)
-        return Selection(mask, fork_norm, {"fork/threshold": threshold})
+        # a quantile of this batch, unlike the absolute FORK_ENTROPY reference behind fork/frac
+        mask, threshold = metrics.top_rho_mask(stats.entropy, valid, rho)
+        return Selection(mask, fork_norm, {"selected/threshold": threshold})
     if strategy == "ict":
         if stats.js is None:
             raise ValueError("strategy 'ict' needs JS: call token_stats with group_ids")
