@@ -7,9 +7,23 @@ STAMP   := $(VENV)/.forksight-installed
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench clean lint
+# verl pins its own transformers: it gets a venv of its own, for tests/test_verl.py
+VERL_ENV   ?= $(VENV)/verl
+VERL_STAMP := $(VERL_ENV)/.forksight-installed
+
+.PHONY: setup verl-env demo test bench clean lint
 
 setup: $(STAMP)
+
+verl-env: $(VERL_STAMP)
+
+$(VERL_STAMP): pyproject.toml | $(STAMP)
+	test -x $(VERL_ENV)/bin/python || $(PY) -m venv $(VERL_ENV)
+	$(VERL_ENV)/bin/python -m pip install -q --upgrade pip
+	echo '$(TORCH)' > $(VERL_ENV)/torch-constraint.txt
+	$(VERL_ENV)/bin/python -m pip show torch >/dev/null 2>&1 || $(VERL_ENV)/bin/python -m pip install -q $(TORCH)
+	$(VERL_ENV)/bin/python -m pip install -q -c $(VERL_ENV)/torch-constraint.txt -e '.[verl]'
+	touch $@
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,7 +37,7 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/forksight demo
 
-test: setup
+test: setup verl-env
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: setup

@@ -1,0 +1,218 @@
+"""How `forksight.verl` gets into a verl run without user code: verl imports the `verl.plugins`
+entry points (or VERL_USE_EXTERNAL_MODULES) on every `import verl`, in every Ray process.
+
+Importing verl's trainer there would be slow and circular (verl/__init__ is still running), so
+`install()` only adds a post-import hook: when verl imports `verl.utils.tracking` a `forksight`
+logger backend is registered; when it imports the legacy trainer (`ray_trainer.py`), four of its
+functions are wrapped to hand the step's tensors to that backend. Nothing happens in a run whose
+`trainer.logger` does not name `forksight`.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.metadata
+import logging
+import sys
+import threading
+from typing import Any, Callable
+
+log = logging.getLogger("forksight.verl")
+
+# verl minor version -> the trainers forksight reads per-token numbers from. Anything else:
+# the `forksight` backend refuses to start unless allow_unknown_version (then scalars only).
+SUPPORT = {"0.9": ("legacy",)}
+
+
+def verl_version() -> str | None:
+    """The installed verl's version, without importing verl."""
+    try:
+        return importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def supported(version: str | None) -> bool:
+    """True for a verl version forksight knows (its minor is in SUPPORT)."""
+    return bool(version) and ".".join(version.split(".")[:2]) in SUPPORT
+
+
+def check_version(version: str | None = None) -> str:
+    """Return verl's version, or raise RuntimeError saying which versions forksight knows."""
+    version = version or verl_version()
+    if version is None:
+        raise RuntimeError("forksight.verl: verl is not installed; `pip install 'forksight[verl]'`")
+    if not supported(version):
+        known = ", ".join(f"{minor}.x" for minor in SUPPORT)
+        raise RuntimeError(
+            f"forksight.verl: verl {version} is not a version forksight knows ({known}); its trainer "
+            "internals may differ. Install a known verl, or set +trainer.forksight.allow_unknown_version=true "
+            "to stream verl's logged metrics only (no per-token statistics)")
+    return version
+
+
+# ---------------------------------------------------------------------------- run state
+class _State:
+    """The driver's live objects: the trainer inside fit() and the `forksight` backend of its
+    Tracking. verl's driver runs one trainer per process, so one module-level state is enough."""
+
+    def __init__(self):
+        self.trainer: Any = None
+        self.logger: Any = None      # hooks.verl.ForksightLogger of the current Tracking
+        self.stop_requested = False
+        self.lock = threading.Lock()
+
+
+STATE = _State()
+
+
+class StopRun(Exception):
+    """Raised at the start of the step after a critical alert; fit()'s wrapper ends the run."""
+
+
+# ---------------------------------------------------------------------------- post-import hooks
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Runs a callback right after a named module finishes executing (first import only)."""
+
+    def __init__(self, callbacks: dict[str, Callable[[Any], None]]):
+        self.callbacks = callbacks
+        self._busy: set[str] = set()
+
+    def find_spec(self, name, path, target=None):
+        callback = self.callbacks.get(name)
+        if callback is None or name in self._busy:
+            return None
+        self._busy.add(name)
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self._busy.discard(name)
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        original = loader.exec_module
+
+        def exec_module(module, _original=original, _callback=callback):
+            _original(module)
+            _run_callback(_callback, module)
+
+        loader.exec_module = exec_module   # this loader object serves this one module
+        return spec
+
+
+def _run_callback(callback: Callable[[Any], None], module) -> None:
+    if getattr(module, "_forksight_patched", False):
+        return
+    try:
+        callback(module)
+        module._forksight_patched = True
+    except Exception as exc:  # noqa: BLE001 - a plugin must never break `import verl`
+        log.warning("forksight: could not attach to %s (%r); this part of the run is not monitored",
+                    module.__name__, exc)
+
+
+_INSTALLED = False
+
+
+def install() -> None:
+    """Register the post-import hooks (idempotent, cheap: imports neither torch nor verl)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    _INSTALLED = True
+    callbacks = {"verl.utils.tracking": patch_tracking, "verl.trainer.ppo.ray_trainer": patch_legacy_trainer}
+    version = verl_version()
+    if version is not None and not supported(version):
+        log.warning("forksight: verl %s is not a version forksight knows (%s); the `forksight` logger "
+                    "backend will refuse to start", version, ", ".join(SUPPORT))
+        callbacks = {"verl.utils.tracking": patch_tracking}
+    for name, callback in callbacks.items():
+        if name in sys.modules:                      # e.g. VERL_USE_EXTERNAL_MODULES after the import
+            _run_callback(callback, sys.modules[name])
+    sys.meta_path.insert(0, _PostImportFinder(callbacks))
+
+
+# ---------------------------------------------------------------------------- Tracking backend
+def patch_tracking(module) -> None:
+    """Make `forksight` a backend name verl's Tracking accepts, creates and finishes."""
+    tracking = module.Tracking
+    if "forksight" not in tracking.supported_backend:
+        tracking.supported_backend.append("forksight")
+    init, finish = tracking.__init__, tracking.finish
+
+    def __init__(self, project_name, experiment_name, default_backend="console", config=None):
+        init(self, project_name, experiment_name, default_backend, config)
+        names = [default_backend] if isinstance(default_backend, str) else list(default_backend)
+        if "forksight" in names:
+            from forksight.hooks.verl import ForksightLogger
+
+            self.logger["forksight"] = ForksightLogger(project_name, experiment_name, config)
+
+    def finish_all(self, exit_code: int = 0):
+        ours = None if getattr(self, "_finished", False) else getattr(self, "logger", {}).get("forksight")
+        finish(self, exit_code)
+        if ours is not None:
+            ours.finish("finished" if exit_code == 0 else "crashed")
+
+    tracking.__init__ = __init__
+    tracking.finish = finish_all
+
+
+# ---------------------------------------------------------------------------- legacy trainer
+def patch_legacy_trainer(module) -> None:
+    """Wrap RayPPOTrainer (trainer.use_v1=False): the step's entropy / log p / Σp² as they leave
+    `_compute_old_log_prob` (verl pops the entropy right after), the finished batch as it enters
+    `compute_data_metrics`, the start of each step (to stop after an alert), and fit() itself."""
+    trainer_cls = module.RayPPOTrainer
+    old_log_prob, start_profiling, fit = (trainer_cls._compute_old_log_prob, trainer_cls._start_profiling,
+                                          trainer_cls.fit)
+    data_metrics = module.compute_data_metrics
+
+    def _compute_old_log_prob(self, batch, *args, **kwargs):
+        out = old_log_prob(self, batch, *args, **kwargs)
+        logger = STATE.logger
+        if logger is not None:
+            logger.guard(logger.note_old_log_prob, self.global_steps, out[0] if isinstance(out, tuple) else out)
+        return out
+
+    def compute_data_metrics(batch, *args, **kwargs):
+        logger, trainer = STATE.logger, STATE.trainer
+        if logger is not None and trainer is not None:
+            logger.guard(logger.note_batch, trainer.global_steps, batch)
+        return data_metrics(batch, *args, **kwargs)
+
+    def _start_profiling(self, *args, **kwargs):
+        logger = STATE.logger
+        if STATE.stop_requested or (logger is not None and logger.should_stop()):
+            STATE.stop_requested = True
+            raise StopRun()
+        return start_profiling(self, *args, **kwargs)
+
+    def fit_watched(self, *args, **kwargs):
+        STATE.trainer, STATE.stop_requested = self, False
+        status = "crashed"
+        try:
+            result = fit(self, *args, **kwargs)
+            status = "finished"
+            return result
+        except StopRun:
+            status = "stopped"
+            log.warning("forksight: stopping the verl run after step %d on a critical alert: %s",
+                        self.global_steps - 1, STATE.logger.last_alert() if STATE.logger else "")
+            self._shutdown_dump_executor()
+            return None
+        finally:
+            if STATE.logger is not None:
+                STATE.logger.finish(status)
+            STATE.trainer = None
+
+    trainer_cls._compute_old_log_prob = _compute_old_log_prob
+    trainer_cls._start_profiling = _start_profiling
+    trainer_cls.fit = fit_watched
+    module.compute_data_metrics = compute_data_metrics

@@ -1,0 +1,175 @@
+"""forksight.verl: a verl GRPO run (verl's own RayPPOTrainer.fit on CPU, tests/verl_run.py) with
+the plugin loaded through its `verl.plugins` entry point streams what a TRL run streams.
+
+verl pins its own transformers, so it lives in .venv/verl (`make test` builds it); these tests
+run it in a subprocess and check its outputs here against values computed another way.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import duckdb
+import pytest
+import torch
+
+from forksight.hooks.metrics import token_stats
+from forksight.hooks.verl import settings_from
+from forksight.hooks.verl_install import SUPPORT, check_version, supported
+
+REPO = Path(__file__).resolve().parents[1]
+VERL_PY = REPO / ".venv" / "verl" / "bin" / "python"
+needs_verl = pytest.mark.skipif(not VERL_PY.exists(), reason=".venv/verl is absent: `make verl-env` builds it")
+
+
+def run_verl(out: Path, *args: str, env: dict | None = None, timeout: int = 240) -> dict:
+    proc = subprocess.run([str(VERL_PY), str(REPO / "tests" / "verl_run.py"), str(out), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "FORKSIGHT_HOME": str(out / "home"), **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((out / "summary.json").read_text())
+
+
+def query(db: Path, sql: str, *params):
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute(sql, list(params)).fetchall()
+
+
+def pass_at_k_by_hand(groups: dict[str, list[bool]], k: int) -> float:
+    """Chen et al.'s estimator from the binomials, averaged over the uid groups."""
+    values = []
+    for verdicts in groups.values():
+        n, c = len(verdicts), sum(verdicts)
+        values.append(1.0 - math.comb(n - c, k) / math.comb(n, k))
+    return sum(values) / len(values)
+
+
+@pytest.fixture(scope="module")
+def grpo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("verl")
+    summary = run_verl(out, "3")
+    return out, summary
+
+
+# ---------------------------------------------------------------------------- the run
+@needs_verl
+def test_plugin_loads_through_the_entry_point_and_reports_every_step(grpo_run):
+    out, summary = grpo_run
+    assert "forksight.verl" in summary["entry_points"]
+    assert summary["forksight_loaded"]                       # by `import verl`, nothing else
+    assert summary["steps_run"] == 3 and summary["steps_reported"] == 3
+    db = out / "forksight.duckdb"
+    assert query(db, "SELECT run_id, status, strategy FROM runs") == [("verl-grpo", "finished", "verl-grpo")]
+    print(f"verl CPU loop: {summary['wall_s']:.2f} s for 3 steps, forksight's driver hooks "
+          f"{summary['overhead_s'] * 1000 / 3:.1f} ms per step")
+
+
+@needs_verl
+def test_tracking_backend_stores_every_metric_verl_logged(grpo_run):
+    out, _ = grpo_run
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]  # verl's file logger
+    stored = {(step, key): value for step, key, value in
+              query(out / "forksight.duckdb", "SELECT step, key, value FROM scalars")}
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    checked = 0
+    for line in lines:
+        for key, value in line["data"].items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                assert stored[(line["step"], key)] == pytest.approx(float(value), rel=1e-9, abs=1e-12), key
+                checked += 1
+    assert checked > 40 * 3                                  # actor/*, critic/*, timing_s/*, perf/*, ...
+
+
+@needs_verl
+def test_entropy_and_renyi2_match_token_stats_on_the_same_logits(grpo_run):
+    out, _ = grpo_run
+    db = out / "forksight.duckdb"
+    for step in (1, 2, 3):
+        saved = torch.load(out / f"logits_{step}.pt", weights_only=False)
+        stats = token_stats(saved["logits"], mask=saved["mask"], tokens=saved["responses"])
+        scalars = dict(query(db, "SELECT key, value FROM scalars WHERE step = ?", step))
+        valid = stats.mask
+        assert scalars["entropy/mean"] == pytest.approx(float(stats.entropy[valid].double().mean()), abs=1e-5)
+        assert scalars["renyi2/mean"] == pytest.approx(float(stats.renyi2[valid].double().mean()), abs=1e-5)
+        assert scalars["logp/mean"] == pytest.approx(float(stats.logp[valid].double().mean()), abs=1e-5)
+        assert scalars["actor/entropy"] == pytest.approx(scalars["entropy/mean"], abs=1e-5)  # token-mean
+        rows = query(db, "SELECT sample_id, pos, token_id, entropy, renyi2, logp, top1, js FROM tokens "
+                         "WHERE step = ? ORDER BY sample_id, pos", step)
+        assert len(rows) == int(valid[:8].sum())                # token_groups=2: both groups of 4, every token
+        for sample_id, pos, token_id, entropy, renyi2, logp, top1, js in rows:
+            assert token_id == int(saved["responses"][sample_id, pos])
+            assert entropy == pytest.approx(float(stats.entropy[sample_id, pos]), abs=1e-4)
+            assert renyi2 == pytest.approx(float(stats.renyi2[sample_id, pos]), abs=1e-4)
+            assert logp == pytest.approx(float(stats.logp[sample_id, pos]), abs=1e-4)
+            assert renyi2 <= entropy + 1e-5
+            assert top1 is None and js is None                   # need full distributions: workers only
+
+
+@needs_verl
+def test_pass_at_k_and_samples_follow_the_uid_groups(grpo_run):
+    out, summary = grpo_run
+    db = out / "forksight.duckdb"
+    n = summary["n"]
+    for step in (1, 2, 3):
+        rollout = summary["verdicts"][str(step)]
+        groups: dict[str, list[bool]] = defaultdict(list)
+        for uid, ok in zip(rollout["uid"], rollout["acc"]):
+            groups[uid].append(ok)
+        assert {len(v) for v in groups.values()} == {n}
+        scalars = dict(query(db, "SELECT key, value FROM scalars WHERE step = ?", step))
+        for k in range(1, n + 1):
+            assert scalars[f"pass@{k}"] == pytest.approx(pass_at_k_by_hand(groups, k), abs=1e-9)
+        samples = query(db, "SELECT sample_id, group_id, correct, reward FROM samples WHERE step = ? "
+                            "ORDER BY sample_id", step)
+        assert [bool(c) for _, _, c, _ in samples] == rollout["acc"]
+        assert [r for *_, r in samples] == [float(a) for a in rollout["acc"]]
+        uid_of_group = {}
+        for (sample_id, group_id, _, _), uid in zip(samples, rollout["uid"]):
+            assert uid_of_group.setdefault(group_id, uid) == uid     # one group id per uid
+        assert len(uid_of_group) == len(groups)
+
+
+# ---------------------------------------------------------------------------- stopping, loading, versions
+@needs_verl
+def test_stop_on_alert_ends_the_verl_run_cleanly(tmp_path):
+    # step 2's loss is NaN: a critical alert; the collector judges a step once the next one arrives
+    summary = run_verl(tmp_path, "8", "--nan-at", "2", "--stop-on-alert")
+    db = tmp_path / "forksight.duckdb"
+    assert summary["steps_run"] == 3                           # step 4 never generated
+    assert query(db, "SELECT status FROM runs") == [("stopped",)]
+    assert query(db, "SELECT step, detector, severity FROM alerts") == [(2, "non_finite", "critical")]
+    assert query(db, "SELECT max(step) FROM scalars") == [(3,)]
+
+
+@needs_verl
+def test_verl_use_external_modules_loads_the_plugin_too():
+    code = "import sys, verl; print('forksight.verl' in sys.modules)"
+    env = {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": "forksight.verl"}
+    loaded = subprocess.run([str(VERL_PY), "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    env["VERL_USE_EXTERNAL_MODULES"] = ""
+    not_loaded = subprocess.run([str(VERL_PY), "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert (loaded.stdout.strip(), not_loaded.stdout.strip()) == ("True", "False"), loaded.stderr[-2000:]
+
+
+def test_unknown_verl_version_is_a_clear_error():
+    assert supported("0.9.1") and not supported("0.8.3") and not supported("1.0.0")
+    assert check_version("0.9.1") == "0.9.1"
+    with pytest.raises(RuntimeError) as err:
+        check_version("0.10.0")
+    message = str(err.value)
+    assert "verl 0.10.0 is not a version forksight knows" in message
+    assert all(f"{minor}.x" in message for minor in SUPPORT) and "allow_unknown_version" in message
+
+
+def test_settings_come_from_trainer_forksight_and_refuse_unknown_names(monkeypatch):
+    monkeypatch.setenv("FORKSIGHT_TOKEN_GROUPS", "3")
+    config = {"trainer": {"forksight": {"db": "x.duckdb", "stop_on_alert": "true"}}}
+    settings = settings_from(config)
+    assert (settings["db"], settings["stop_on_alert"], settings["token_groups"]) == ("x.duckdb", True, 3)
+    with pytest.raises(ValueError, match="stop_on_alrt"):
+        settings_from({"trainer": {"forksight": {"stop_on_alrt": True}}})

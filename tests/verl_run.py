@@ -1,0 +1,260 @@
+"""A verl GRPO run on CPU, driven by verl's own RayPPOTrainer.fit (legacy trainer), for
+tests/test_verl.py. Runs in the verl environment (.venv/verl), not under pytest.
+
+verl's real code: hydra config (ppo_trainer.yaml), RLHFDataset + StatefulDataLoader, DataProto,
+fit()'s step loop, GRPO advantages (compute_grpo_outcome_advantage via compute_advantage),
+compute_data_metrics, Tracking (file backend + forksight backend), the padding converters, and
+the per-token math of verl's workers (entropy_from_logits, logprobs_from_logits,
+calculate_sum_pi_squared_from_logits) plus get_policy_loss_fn for the update. What cannot run
+on CPU is replaced in-process: HF `generate` in place of vLLM/SGLang (rollout + rule reward),
+and a one-process actor in place of the Ray FSDP worker group (same inputs and outputs).
+
+Usage: python tests/verl_run.py OUT_DIR STEPS [--nan-at STEP] [--stop-on-alert]
+Writes OUT_DIR/forksight.duckdb, metrics.jsonl (verl's file logger), logits_<step>.pt, summary.json.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import verl  # noqa: F401 - loads the `verl.plugins` entry points, forksight.verl among them
+
+PLUGIN_LOADED = "forksight.verl" in sys.modules   # nothing below imported it: the entry point did
+from verl import DataProto
+from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn
+from verl.utils import tensordict_utils as tu
+from verl.utils import torch_functional as verl_F
+from verl.utils.model import compute_position_id_with_mask
+from verl.workers.utils.padding import no_padding_2_padding
+
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+# ---------------------------------------------------------------------------- data and config
+def make_data(out: Path, n_prompts: int) -> Path:
+    import random
+
+    import pandas as pd
+
+    rng = random.Random(0)
+    rows = []
+    for i in range(n_prompts):
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        rows.append({"data_source": "forksight/arith", "prompt": [{"role": "user", "content": f"{a}+{b}="}],
+                     "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(a + b)[::-1]},
+                     "extra_info": {"index": i}})
+    path = out / "train.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    return path
+
+
+def make_config(model: Path, data: Path, out: Path, steps: int, n: int, stop_on_alert: bool):
+    from hydra import compose, initialize_config_dir
+
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    overrides = [
+        "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
+        f"data.train_files={data}", f"data.val_files={data}", "data.train_batch_size=4",
+        "data.max_prompt_length=16", "data.max_response_length=8", "data.dataloader_num_workers=0",
+        f"actor_rollout_ref.model.path={model}", f"actor_rollout_ref.rollout.n={n}",
+        "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.calculate_sum_pi_squared=True",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "trainer.logger=[file,forksight]", f"trainer.total_training_steps={steps}", "trainer.total_epochs=100",
+        "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
+        "trainer.balance_batch=False", "trainer.use_v1=False", "trainer.device=cpu", "trainer.resume_mode=disable",
+        "trainer.project_name=forksight-test", "trainer.experiment_name=verl-grpo",
+        f"+trainer.forksight.db={out / 'forksight.duckdb'}", f"+trainer.forksight.stop_on_alert={stop_on_alert}",
+        "+trainer.forksight.token_groups=2",
+    ]
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+# ---------------------------------------------------------------------------- in-process stand-ins
+class HFRollout:
+    """generate_sequences as verl's agent loop returns it, sampled with HF generate (top_k=0,
+    top_p=1: the full softmax), scored by a rule reward into rm_scores at the last token."""
+
+    def __init__(self, model, tokenizer, prompt_len: int, response_len: int, seed: int = 0):
+        self.model, self.tokenizer = model, tokenizer
+        self.prompt_len, self.response_len = prompt_len, response_len
+        self.generator_seed = seed
+        self.verdicts: dict[int, dict] = {}
+        self.calls = 0
+
+    def generate_sequences(self, gen_batch: DataProto) -> DataProto:
+        self.calls += 1
+        tok, eos = self.tokenizer, self.tokenizer.eos_token_id
+        prompts = [tok.apply_chat_template(list(m), tokenize=True, add_generation_prompt=True)
+                   for m in gen_batch.non_tensor_batch["raw_prompt"]]
+        prompts = [p["input_ids"] if isinstance(p, dict) or hasattr(p, "keys") else p for p in prompts]
+        B, P, R = len(prompts), self.prompt_len, self.response_len
+        prompt_ids = torch.full((B, P), eos, dtype=torch.long)
+        prompt_mask = torch.zeros((B, P), dtype=torch.long)
+        for i, ids in enumerate(prompts):
+            prompt_ids[i, P - len(ids):], prompt_mask[i, P - len(ids):] = torch.tensor(ids), 1
+        torch.manual_seed(self.generator_seed + self.calls)
+        with torch.no_grad():
+            out = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=True, top_k=0,
+                                      top_p=1.0, temperature=1.0, max_new_tokens=R, min_new_tokens=1,
+                                      pad_token_id=eos, eos_token_id=eos)
+        responses = torch.full((B, R), eos, dtype=torch.long)
+        response_mask = torch.zeros((B, R), dtype=torch.long)
+        gen = out[:, P:]
+        for i in range(B):
+            row = gen[i].tolist()
+            length = row.index(eos) + 1 if eos in row else len(row)   # the EOS is part of the response
+            responses[i, :length], response_mask[i, :length] = torch.tensor(row[:length]), 1
+        truth = [rm["ground_truth"] for rm in gen_batch.non_tensor_batch["reward_model"]]
+        texts = tok.batch_decode([r[m.bool()].tolist() for r, m in zip(responses, response_mask)],
+                                 skip_special_tokens=True)
+        acc = [g[0] in t for t, g in zip(texts, truth)]  # lenient: the answer's first digit appears
+        rm_scores = torch.zeros((B, R), dtype=torch.float32)
+        rm_scores[torch.arange(B), response_mask.sum(1) - 1] = torch.tensor(acc, dtype=torch.float32)
+        attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+        position_ids = compute_position_id_with_mask(attention_mask)
+        self.verdicts[self.calls] = {"uid": list(gen_batch.non_tensor_batch["uid"]), "acc": acc}
+        batch = {"prompts": prompt_ids, "responses": responses, "response_mask": response_mask,
+                 "input_ids": torch.cat([prompt_ids, responses], dim=1), "attention_mask": attention_mask,
+                 "position_ids": position_ids, "rm_scores": rm_scores}
+        non_tensor = {"acc": np.array(acc), "multi_modal_inputs": np.array([{} for _ in range(B)], dtype=object)}
+        return DataProto.from_dict(tensors=batch, non_tensors=non_tensor,
+                                   meta_info={"timing": {}, "reward_extra_keys": ["acc"]})
+
+
+class LocalActor:
+    """The actor worker group's compute_log_prob / update_actor in this process. Inputs and
+    outputs are verl's no-padding TensorDicts; per-token numbers come from verl's functions."""
+
+    def __init__(self, model, config, out: Path, nan_at: int | None):
+        from verl.utils.config import omega_conf_to_dataclass
+
+        self.model, self.out, self.nan_at = model, out, nan_at
+        self.actor_config = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+        self.policy_loss = get_policy_loss_fn(self.actor_config.policy_loss.get("loss_mode", "vanilla"))
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.actor_rollout_ref.actor.optim.lr)
+        self.temperature = config.actor_rollout_ref.rollout.temperature
+        self.log_prob_calls = self.updates = 0
+
+    def _forward(self, batch_td):
+        """Logits of every row, flattened to the no-padding layout [total_tokens, V]."""
+        input_ids, position_ids = batch_td["input_ids"], batch_td["position_ids"]
+        logits = [self.model(input_ids=ids[None], position_ids=pos[None]).logits[0].float() / self.temperature
+                  for ids, pos in zip(input_ids.unbind(), position_ids.unbind())]
+        return logits, input_ids
+
+    @staticmethod
+    def _shifted(values: list[torch.Tensor], input_ids) -> torch.Tensor:
+        """Per-position values (predicting the next token) back in the nested layout verl uses."""
+        flat = torch.cat([torch.nn.functional.pad(v, (0, 1)) for v in values])
+        return torch.nested.nested_tensor_from_jagged(flat, offsets=input_ids.offsets())
+
+    def compute_log_prob(self, batch_td):
+        self.log_prob_calls += 1
+        with torch.no_grad():
+            logits, input_ids = self._forward(batch_td)
+        labels = [ids[1:] for ids in input_ids.unbind()]
+        logp = [verl_F.logprobs_from_logits(z[:-1], y) for z, y in zip(logits, labels)]
+        entropy = [verl_F.entropy_from_logits(z[:-1]) for z in logits]
+        sum_sq = [verl_F.calculate_sum_pi_squared_from_logits(z[:-1]) for z in logits]
+        # the response positions' logits, for the test to recompute everything with token_stats
+        flat_logits = torch.cat(logits)
+        resp_logits = no_padding_2_padding(flat_logits, batch_td)
+        torch.save({"logits": resp_logits, "mask": batch_td["response_mask"], "responses": batch_td["responses"]},
+                   self.out / f"logits_{self.log_prob_calls}.pt")
+        outputs = {"log_probs": self._shifted(logp, input_ids), "entropy": self._shifted(entropy, input_ids)}
+        if tu.get_non_tensor_data(batch_td, "calculate_sum_pi_squared", False):
+            outputs["sum_pi_squared"] = self._shifted(sum_sq, input_ids)
+        return tu.get_tensordict(outputs, non_tensor_dict={"metrics": {"mfu": 0.0}})
+
+    def update_actor(self, batch_td):
+        self.updates += 1
+        logits, input_ids = self._forward(batch_td)
+        labels = [ids[1:] for ids in input_ids.unbind()]
+        logp = self._shifted([verl_F.logprobs_from_logits(z[:-1], y) for z, y in zip(logits, labels)], input_ids)
+        log_prob = no_padding_2_padding(logp, batch_td)
+        mask = batch_td["response_mask"].float()
+        self.actor_config.global_batch_info.update(dp_size=1, batch_num_tokens=int(mask.sum()),
+                                                   global_batch_size=mask.shape[0])
+        loss, pg_metrics = self.policy_loss(old_log_prob=batch_td["old_log_probs"], log_prob=log_prob,
+                                            advantages=batch_td["advantages"], response_mask=mask,
+                                            loss_agg_mode=self.actor_config.loss_agg_mode, config=self.actor_config)
+        self.optimizer.zero_grad()
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0))
+        self.optimizer.step()
+        pg_loss = float("nan") if self.updates == self.nan_at else float(loss.detach())   # a diverged loss, on request
+        metrics = {"pg_loss": pg_loss, "grad_norm": grad_norm, "mfu": 0.0,
+                   **{k: float(v) for k, v in pg_metrics.items() if np.ndim(v) == 0}}
+        return tu.get_tensordict({"dummy": torch.zeros(1)}, non_tensor_dict={"metrics": metrics})
+
+
+class NoWeightSync:
+    """checkpoint_manager: HF generate shares the actor's module, so there is nothing to sync."""
+
+    def update_weights(self, step):
+        pass
+
+    def sleep_replicas(self):
+        pass
+
+
+# ---------------------------------------------------------------------------- main
+def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from verl.single_controller.ray import ResourcePoolManager
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.utils import Role
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from forksight.trainer.model import build_tiny
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model_dir = build_tiny(out / "model")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    data = make_data(out, n_prompts=16)
+    n = 4
+    config = make_config(model_dir, data, out, steps, n, stop_on_alert)
+    dataset = RLHFDataset(data_files=[str(data)], tokenizer=tokenizer, config=config.data)
+    os.environ["VERL_FILE_LOGGER_PATH"] = str(out / "metrics.jsonl")
+    pools = ResourcePoolManager(resource_pool_spec={"global_pool": [1]}, mapping={Role.ActorRollout: "global_pool"})
+    trainer = RayPPOTrainer(config=config, tokenizer=tokenizer, role_worker_mapping={Role.ActorRollout: object},
+                            resource_pool_manager=pools, train_dataset=dataset, val_dataset=dataset,
+                            device_name="cpu")
+    trainer.actor_rollout_wg = LocalActor(model, config, out, nan_at)
+    trainer.async_rollout_manager = HFRollout(model, tokenizer, config.data.max_prompt_length,
+                                              config.data.max_response_length)
+    trainer.checkpoint_manager = NoWeightSync()
+    t0 = time.perf_counter()
+    trainer.fit()
+    wall = time.perf_counter() - t0
+    from forksight.hooks.verl_install import STATE
+
+    summary = {"steps_run": trainer.actor_rollout_wg.log_prob_calls, "wall_s": wall,
+               "verdicts": trainer.async_rollout_manager.verdicts, "n": n, "logger_live": STATE.logger is not None,
+               "forksight_loaded": PLUGIN_LOADED,
+               "entry_points": [ep.value for ep in importlib.metadata.entry_points(group="verl.plugins")]}
+    import forksight.hooks.verl as fv
+
+    summary.update(fv.LAST_RUN)
+    (out / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    nan_at = int(args[args.index("--nan-at") + 1]) if "--nan-at" in args else None
+    result = main(Path(args[0]), int(args[1]), nan_at, "--stop-on-alert" in args)
+    print(json.dumps({k: v for k, v in result.items() if k != "verdicts"}))
