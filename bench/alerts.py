@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     healthy_grid = [(noise, h0, seed) for noise in noises for h0 in h0s for seed in range(2 if args.quick else 3)]
 
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(str(Path(tmp) / "bench.duckdb"), alerts=False)
+        store = Store(str(Path(tmp) / "bench.duckdb"))
         names: list[tuple[str, str]] = []
         series = [(f"collapse-tau{tau}-n{noise}-h{h0}-on{onset}", collapsing(tau, noise, h0, onset, seed))
                   for tau, noise, h0, onset, seed in grid]
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_run:
         report["runs"] = results + healthy_results
     if args.db:
-        stored = Store(args.db, alerts=False)
+        stored = Store(args.db)
         try:
             report["stored_runs"] = [evaluate(stored.reader, run) for run in args.run]
         finally:

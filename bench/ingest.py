@@ -51,7 +51,7 @@ def bench_raw_duckdb(table: pa.Table, path: str) -> float:
     """Seconds for DuckDB's own Arrow insert of `table` into the store's tokens table."""
     import duckdb
 
-    with Store(path, alerts=False):
+    with Store(path):
         pass                                   # the same schema, created by the store
     con = duckdb.connect(path)
     con.execute("SET enable_progress_bar = false")
@@ -65,7 +65,7 @@ def bench_raw_duckdb(table: pa.Table, path: str) -> float:
 
 def bench_store(chunks: list[dict], path: str) -> float:
     """Seconds for the in-process writer: Store.write of prepared chunks, all committed."""
-    with Store(path, alerts=False) as store:
+    with Store(path) as store:
         run = store.create_run("w")
         tables = [tokens_table(c, step=i) for i, c in enumerate(chunks)]
         start = time.perf_counter()
@@ -78,7 +78,7 @@ def bench_local_sink(chunks: list[dict], path: str) -> float:
     """Seconds for LocalSink.log_tokens (validation included) until flushed."""
     from forksight.monitor.client import LocalSink
 
-    with Store(path, alerts=False) as store:
+    with Store(path) as store:
         sink = LocalSink(path, "sink", store=store)
         start = time.perf_counter()
         for i, c in enumerate(chunks):
@@ -191,9 +191,9 @@ def step_data(rng) -> tuple[dict, np.ndarray, np.ndarray]:
 def _ours(data: list, path: str, alerts: bool) -> float:
     from forksight.monitor.client import LocalSink
 
-    with Store(path, alerts=alerts) as store:
-        LocalSink(path, "warmup", store=store).finish()     # imports and first-call costs
-        sink = LocalSink(path, "tbcmp", store=store)
+    with Store(path) as store:
+        LocalSink(path, "warmup", store=store, alerts=alerts).finish()     # imports and first-call costs
+        sink = LocalSink(path, "tbcmp", store=store, alerts=alerts)
         start = time.perf_counter()
         for step, (scalars, counts, edges) in enumerate(data):
             sink.log_scalars(step, scalars)

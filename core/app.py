@@ -21,9 +21,9 @@ from forksight.monitor.store import Store
 log = logging.getLogger("forksight.app")
 
 
-def create_app(store: Store, *, token: str | None = None, dashboard: bool = True) -> FastAPI:
+def create_app(store: Store, *, token: str | None = None, dashboard: bool = True, hub=None) -> FastAPI:
     """The collector app over `store`: /api routes first, the Dash dashboard at /, all behind the guard."""
-    app = create_api(store)
+    app = create_api(store, hub=hub)      # hub: the AlertHub (None: the environment's defaults)
     if dashboard:
         _mount_dashboard(app, store.reader)
     app.add_middleware(GuardMiddleware, token=token)

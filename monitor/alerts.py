@@ -28,7 +28,9 @@ from forksight.monitor.detectors import (
     NonFiniteDetector,
     StagnationDetector,
 )
-from forksight.monitor.schema import NONFINITE_PREFIX
+from forksight.limits import NONFINITE_PREFIX
+from forksight.monitor.errors import validation_message
+from forksight.tables import ALERTS
 
 __all__ = ["Alert", "AlertConfig", "AlertMonitor", "AlertHub", "load_alert_config", "ALERT_COLUMNS"]
 
@@ -40,9 +42,7 @@ _FROM_CODE = {0.0: math.nan, 1.0: math.inf, -1.0: -math.inf}
 ENV_CONFIG = "FORKSIGHT_ALERTS_CONFIG"    # path of a YAML/JSON alert config
 ENV_WEBHOOK = "FORKSIGHT_WEBHOOK_URL"     # Slack-compatible webhook URL
 
-# columns of the `alerts` table, in order (DESIGN.md "Store" + action)
-ALERT_COLUMNS = ("run_id", "step", "wall_time", "detector", "severity", "message", "value",
-                 "threshold", "forecast", "action")
+ALERT_COLUMNS = ALERTS.names   # columns of the `alerts` table, in order (forksight.tables)
 
 
 # ---------------------------------------------------------------------------- configs
@@ -189,7 +189,7 @@ def load_alert_config(path: str | Path | None = None, overrides: Iterable[str] =
     try:
         return AlertConfig(**data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
+        problems = validation_message(exc.errors(), root="config")
         raise ValueError(f"invalid alert config: {problems} (sections: {', '.join(AlertConfig.model_fields)})") from None
 
 
@@ -275,11 +275,6 @@ class AlertHub:
             if self.webhook is not None:
                 self.webhook.post(row)
         return rows
-
-    def forget(self, run_id: str) -> None:
-        """Drop a run's detector state (finished or deleted run)."""
-        with self._lock:
-            self._monitors.pop(run_id, None)
 
     def close(self) -> None:
         """Flush the webhook queue (bounded wait) and stop its thread."""

@@ -112,7 +112,7 @@ def run_replay(args: argparse.Namespace) -> int:
         print(f"forksight alerts replay: no DuckDB file at {args.db}", file=sys.stderr)
         return 2
     try:
-        store = Store(args.db, alerts=False)   # alerts=False: opening must not run the live hub
+        store = Store(args.db)   # the store alone: opening it runs no alert hub
     except RuntimeError as exc:
         print(f"forksight alerts replay: {exc}", file=sys.stderr)
         return 2

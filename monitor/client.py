@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from forksight.monitor.http_sink import HttpSink
 from forksight.monitor.sink_base import (_finish_open_sinks, _finite_scalars, _histogram_item, _open_sinks,
-                               _sample_rows, _Sink)
+                                         _sample_rows, _Sink, _track)
 
 __all__ = ["open_sink", "NullSink", "LocalSink", "HttpSink", "collector_answers"]
 
@@ -55,16 +55,19 @@ class NullSink(_Sink):
 
 # ---------------------------------------------------------------------------- local
 class LocalSink(_Sink):
-    """In-process: owns a Store (and its alert hub) on a DuckDB file; writes via its queue."""
+    """In-process: owns a Store on a DuckDB file and writes through an Ingest (alerts included)."""
 
     def __init__(self, db: str, run: str, *, project: str = "default", strategy: str | None = None,
                  model: str | None = None, config: dict | None = None, rank: int = 0,
-                 stop_on_alert: bool = False, store=None, resume: bool = False):
+                 stop_on_alert: bool = False, store=None, hub=None, alerts: bool = True,
+                 resume: bool = False):
+        from forksight.monitor.ingest import Ingest
         from forksight.monitor.store import Store
 
         super().__init__(stop_on_alert)
         self._owns_store = store is None
         self.store = store if store is not None else Store(db)
+        self.ingest = Ingest(self.store, hub, alerts=alerts)
         self.reader = self.store.reader
         self.rank = rank
         self.run_id = self.store.create_run(run, project=project, strategy=strategy, model=model,
@@ -73,7 +76,7 @@ class LocalSink(_Sink):
         self._lock = threading.Lock()
         self._ended = threading.Event()
         threading.Thread(target=self._beat, name="forksight-heartbeat", daemon=True).start()
-        _open_sinks.add(self)
+        _track(self)
 
     def _beat(self, interval: float = 30.0) -> None:
         # a step longer than the stale window must not make a live run read as crashed
@@ -86,7 +89,7 @@ class LocalSink(_Sink):
     def _submit(self, **tables) -> None:
         from forksight.monitor.store import Records
 
-        fut = self.store.write(self.run_id, Records(**tables))
+        fut = self.ingest.write(self.run_id, Records(**tables))
         with self._lock:
             self._pending.add(fut)
         fut.add_done_callback(self._done)
@@ -145,7 +148,7 @@ class LocalSink(_Sink):
         self._ended.set()
         _open_sinks.discard(self)
         self.flush()
-        self._on_alerts(self.store.update_run(self.run_id, status=status) or [])
+        self._on_alerts(self.ingest.update_run(self.run_id, status=status) or [])
         if self._owns_store:
             self.store.close()
 
@@ -175,7 +178,7 @@ def open_sink(run: str = "run", url: str | None = None, db: str | None = None, *
     ./forksight.duckdb. Ranks > 0 never open a DuckDB file (one process owns it).
     resume: continue the run whose id is `run` (a resumed training run), not a new `run-2`.
     """
-    from forksight.monitor.schema import RUN_ID_RE, slug_run_name
+    from forksight.limits import RUN_ID_RE, slug_run_name
 
     if not RUN_ID_RE.match(str(run)):      # e.g. TRL's default run_name is the output dir path
         log.warning("forksight: run name %r is not a valid run id; using %r", run, slug_run_name(run))

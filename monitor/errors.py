@@ -10,14 +10,17 @@ class ApiError(Exception):
         self.status, self.message = status, message
 
 
-def _where(loc: tuple) -> str:
+def _where(loc: tuple, root: str) -> str:
     parts = [str(p) for p in loc if p not in ("body",)]
     out = ""
     for p in parts:
         out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
-    return out or "body"
+    return out or root
 
 
-def validation_message(errors: list[dict]) -> str:
-    """Pydantic errors -> one line per field: 'scalars[0].value: Input should be a finite number'."""
-    return "; ".join(f"{_where(tuple(e.get('loc', ())))}: {e.get('msg')}" for e in errors[:20])
+def validation_message(errors: list[dict], root: str = "body") -> str:
+    """Pydantic errors -> one line per field: 'scalars[0].value: Input should be a finite number'.
+
+    root names what an error without a location is about (a request body, a config file).
+    """
+    return "; ".join(f"{_where(tuple(e.get('loc', ())), root)}: {e.get('msg')}" for e in errors[:20])

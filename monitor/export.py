@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import os
 
-from forksight.monitor.schema import RUN_ID_RE
+from forksight.limits import RUN_ID_RE
+from forksight.tables import TABLES
 
-EXPORT_TABLES = ("runs", "scalars", "tokens", "samples", "histograms", "alerts")
+EXPORT_TABLES = tuple(t for t in TABLES if t != "batches")   # runs, data tables, alerts
 
 
 def export_tables(cur, run_id: str, out_dir: str) -> dict[str, int]:

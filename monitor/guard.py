@@ -13,7 +13,7 @@ from urllib.parse import parse_qs
 from fastapi import Request
 
 from forksight.monitor.errors import ApiError
-from forksight.monitor.schema import MAX_BODY_BYTES
+from forksight.limits import MAX_BODY_BYTES
 
 TOKEN_COOKIE = "forksight_token"
 

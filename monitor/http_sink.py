@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from forksight.monitor.sink_base import _finite_scalars, _histogram_item, _open_sinks, _sample_rows, _Sink
+from forksight.monitor.sink_base import _finite_scalars, _histogram_item, _open_sinks, _sample_rows, _Sink, _track
 
 log = logging.getLogger("forksight.client")
 
@@ -87,7 +87,7 @@ class HttpSink(_Sink):
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="forksight-send")
         self._thread = threading.Thread(target=self._loop, name=f"forksight-sink-{self.run_id}", daemon=True)
         self._thread.start()
-        _open_sinks.add(self)
+        _track(self)
 
     def _adopt_old_spools(self) -> None:
         """Take over what an earlier process of this run and rank left undelivered (it ended
@@ -149,6 +149,7 @@ class HttpSink(_Sink):
         from forksight.monitor.store import tokens_table
 
         table = tokens_table(columns, step=step, rank=self.rank)
+        table = table.drop_columns(["rank"])      # the rank travels once per request, as a parameter
         self._append("tokens", [table], table.num_rows)
 
     def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:

@@ -14,13 +14,18 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from forksight.monitor.records import ALERTS_SCHEMA, DATA_TABLES, SAMPLES_SCHEMA, TOKENS_SCHEMA
+from forksight.tables import ALERTS, DATA_TABLES, SAMPLES, TOKENS
 
 if TYPE_CHECKING:                      # pandas loads with the first read, not in every producer
     import pandas as pd
 
 PERCENTILE_KEY = re.compile(r"^entropy/p(\d{1,2})$")   # recomputed from merged histograms
 STALE_AFTER_S = 120.0                                  # a live run silent this long is 'crashed'
+# THE rank merge of one (key, step) group: token-weighted mean (weight null = 1); when every
+# weight is 0, the plain mean. Every merged read uses it (percentiles: _merge_percentiles).
+MERGED_VALUE_SQL = """CASE WHEN sum(coalesce(weight, 1)) > 0
+                           THEN sum(value * coalesce(weight, 1)) / sum(coalesce(weight, 1))
+                           ELSE avg(value) END"""
 
 def histogram_quantile(lo: np.ndarray, hi: np.ndarray, counts: np.ndarray, q: float) -> float:
     """Quantile q of a histogram, linear inside the bin (how ranks' percentiles are merged)."""
@@ -89,10 +94,7 @@ class Reader:
                               count(*) OVER (PARTITION BY key) AS n FROM ks),
             keep AS (SELECT key, step FROM ranked
                      WHERE (rn - 1) % greatest(1, CAST(ceil(n / ?) AS BIGINT)) = 0 OR rn = n)
-            SELECT key, step,
-                   CASE WHEN sum(coalesce(weight, 1)) > 0
-                        THEN sum(value * coalesce(weight, 1)) / sum(coalesce(weight, 1))
-                        ELSE avg(value) END AS value,
+            SELECT key, step, {MERGED_VALUE_SQL} AS value,
                    max(wall_time) AS wall_time, count(DISTINCT rank) AS ranks
             FROM scalars SEMI JOIN keep USING (key, step)
             WHERE {where}
@@ -135,13 +137,22 @@ class Reader:
 
     def step_scalars(self, run_id: str, step: int) -> dict[str, float]:
         """All scalars of one step, ranks merged (what the alert hub sees)."""
-        df = self._query("""
-            SELECT key, step, CASE WHEN sum(coalesce(weight, 1)) > 0
-                                   THEN sum(value * coalesce(weight, 1)) / sum(coalesce(weight, 1))
-                                   ELSE avg(value) END AS value, count(DISTINCT rank) AS ranks
-            FROM scalars WHERE run_id = ? AND step = ? GROUP BY key, step""", [run_id, int(step)])
+        return self.steps_scalars(run_id, [step]).get(int(step), {})
+
+    def steps_scalars(self, run_id: str, steps: Sequence[int]) -> dict[int, dict[str, float]]:
+        """Scalars of several steps in one query, ranks merged: step -> {key: value}."""
+        steps = [int(s) for s in steps]
+        if not steps:
+            return {}
+        df = self._query(f"""
+            SELECT key, step, {MERGED_VALUE_SQL} AS value, count(DISTINCT rank) AS ranks
+            FROM scalars WHERE run_id = ? AND step IN ({', '.join('?' * len(steps))})
+            GROUP BY key, step""", [run_id, *steps])
         df = self._merge_percentiles(run_id, df)
-        return dict(zip(df.key, df.value.astype(float)))
+        out: dict[int, dict[str, float]] = {}
+        for key, step, value in zip(df.key, df.step, df.value.astype(float)):
+            out.setdefault(int(step), {})[key] = value
+        return out
 
     def read_histograms(self, run_id: str, key: str = "entropy", downsample: int = 1000,
                         since_step: int | None = None) -> pd.DataFrame:
@@ -164,17 +175,13 @@ class Reader:
             GROUP BY h.step, h.bin_lo, h.bin_hi
             ORDER BY h.step, h.bin_lo""", [*params, max(1, int(downsample)), *params])
 
-    def histogram_keys(self, run_id: str) -> list[str]:
-        df = self._query("SELECT DISTINCT key FROM histograms WHERE run_id = ? ORDER BY key", [run_id])
-        return df["key"].tolist()
-
     def token_steps(self, run_id: str) -> list[int]:
         df = self._query("SELECT DISTINCT step FROM tokens WHERE run_id = ? ORDER BY step", [run_id])
         return [int(s) for s in df["step"]]
 
     def read_tokens(self, run_id: str, step: int, sample_id: int | None = None) -> pd.DataFrame:
         """Per-token rows of one step (optionally one sample), ordered by rank, sample, position."""
-        cols = ", ".join(TOKENS_SCHEMA.names)
+        cols = ", ".join(n for n in TOKENS.names if n != "run_id")
         sql, params = f"SELECT {cols} FROM tokens WHERE run_id = ? AND step = ?", [run_id, int(step)]
         if sample_id is not None:
             sql, params = sql + " AND sample_id = ?", params + [int(sample_id)]
@@ -183,7 +190,7 @@ class Reader:
     def read_samples(self, run_id: str, step: int | None = None, group_id: int | None = None,
                      limit: int = 10_000) -> pd.DataFrame:
         """Samples (newest steps first when unfiltered), at most `limit` rows."""
-        cols = ", ".join(SAMPLES_SCHEMA.names)
+        cols = ", ".join(n for n in SAMPLES.names if n != "run_id")
         sql, params = f"SELECT {cols} FROM samples WHERE run_id = ?", [run_id]
         if step is not None:
             sql, params = sql + " AND step = ?", params + [int(step)]
@@ -193,7 +200,7 @@ class Reader:
             .sort_values(["step", "rank", "sample_id"], kind="stable").reset_index(drop=True)
 
     def read_alerts(self, run_id: str | None = None, since_step: int | None = None) -> pd.DataFrame:
-        sql, params = f"SELECT {', '.join(ALERTS_SCHEMA.names)} FROM alerts WHERE true", []
+        sql, params = f"SELECT {', '.join(ALERTS.names)} FROM alerts WHERE true", []
         if run_id is not None:
             sql, params = sql + " AND run_id = ?", params + [run_id]
         if since_step is not None:

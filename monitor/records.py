@@ -14,28 +14,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from forksight.monitor.schema import MAX_TEXT_CHARS, MAX_TOKEN_CHARS, MAX_TOKEN_ROWS, TOKEN_COLUMNS
+from forksight.limits import MAX_TOKEN_ROWS
+from forksight.tables import ALERTS, DATA_TABLES, HISTOGRAMS, SAMPLES, SCALARS, TOKEN_COLUMNS, TOKENS
 
-DATA_TABLES = ("scalars", "tokens", "samples", "histograms")
-ALL_TABLES = ("runs", *DATA_TABLES, "alerts", "batches")
-
-# Arrow schemas of what the writer inserts (run_id is added by the INSERT itself).
-SCALARS_SCHEMA = pa.schema([("step", pa.int64()), ("key", pa.string()), ("value", pa.float64()),
-                            ("wall_time", pa.float64()), ("rank", pa.int32()), ("weight", pa.float64())])
-TOKENS_SCHEMA = pa.schema([("step", pa.int64()), ("rank", pa.int32())]
-                          + [(n, pa.type_for_alias(t)) for n, (t, _) in TOKEN_COLUMNS.items() if n != "step"])
-SAMPLES_SCHEMA = pa.schema([("step", pa.int64()), ("rank", pa.int32()), ("sample_id", pa.int64()),
-                            ("group_id", pa.int64()), ("prompt", pa.string()), ("completion", pa.string()),
-                            ("reward", pa.float64()), ("correct", pa.bool_()), ("length", pa.int32()),
-                            ("source", pa.string())])
-HISTOGRAMS_SCHEMA = pa.schema([("step", pa.int64()), ("rank", pa.int32()), ("key", pa.string()),
-                               ("bin_lo", pa.float64()), ("bin_hi", pa.float64()), ("count", pa.float64())])
-ALERTS_SCHEMA = pa.schema([("run_id", pa.string()), ("step", pa.int64()), ("wall_time", pa.float64()),
-                           ("detector", pa.string()), ("severity", pa.string()), ("message", pa.string()),
-                           ("value", pa.float64()), ("threshold", pa.float64()), ("forecast", pa.int64()),
-                           ("action", pa.string())])
-SCHEMAS = {"scalars": SCALARS_SCHEMA, "tokens": TOKENS_SCHEMA, "samples": SAMPLES_SCHEMA,
-           "histograms": HISTOGRAMS_SCHEMA}
+# Arrow schemas of what the writer inserts (run_id is added by the INSERT itself, except alerts)
+SCALARS_SCHEMA = SCALARS.arrow_schema()
+TOKENS_SCHEMA = TOKENS.arrow_schema()
+SAMPLES_SCHEMA = SAMPLES.arrow_schema()
+HISTOGRAMS_SCHEMA = HISTOGRAMS.arrow_schema()
+ALERTS_SCHEMA = ALERTS.arrow_schema(run_id=True)
 
 
 class RecordError(ValueError):
@@ -72,38 +59,38 @@ def _check_finite(table: pa.Table, where: str) -> None:
                 raise RecordError(f"{where}.{name}: {bad} non-finite value(s) (NaN/inf); send finite numbers or null")
 
 
-def _check_text(table: pa.Table, column: str, limit: int, where: str) -> None:
-    if column in table.column_names and table.num_rows:
-        longest = pc.max(pc.utf8_length(table[column])).as_py()
-        if longest is not None and longest > limit:
-            raise RecordError(f"{where}.{column}: a value has {longest} characters; the limit is {limit}")
+def _check_text(table: pa.Table, spec, where: str) -> None:
+    # every bounded text column of the table's spec, by characters
+    for column in spec.columns:
+        if column.max_chars is not None and column.name in table.column_names and table.num_rows:
+            longest = pc.max(pc.utf8_length(table[column.name])).as_py()
+            if longest is not None and longest > column.max_chars:
+                raise RecordError(f"{where}.{column.name}: a value has {longest} characters; "
+                                  f"the limit is {column.max_chars}")
+
+
+def _rows_table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema, rank: int, where: str, **fill) -> pa.Table:
+    cols = {name: [r.get(name) for r in rows] for name in schema.names}
+    cols["rank"] = [r.get("rank", rank) for r in rows]
+    for name, default in fill.items():
+        cols[name] = [default if v is None else v for v in cols[name]]
+    try:
+        return pa.table(cols, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        raise RecordError(f"{where}: {exc}") from None
 
 
 def scalars_table(rows: Sequence[Mapping[str, Any]], rank: int = 0) -> pa.Table:
     """Rows of {step, key, value, weight?, wall_time?} -> the scalars Arrow table."""
-    now = time.time()
-    table = pa.table({
-        "step": pa.array([r["step"] for r in rows], pa.int64()),
-        "key": pa.array([r["key"] for r in rows], pa.string()),
-        "value": pa.array([r["value"] for r in rows], pa.float64()),
-        "wall_time": pa.array([r.get("wall_time") or now for r in rows], pa.float64()),
-        "rank": pa.array([r.get("rank", rank) for r in rows], pa.int32()),
-        "weight": pa.array([r.get("weight") for r in rows], pa.float64()),
-    }, schema=SCALARS_SCHEMA)
+    table = _rows_table(rows, SCALARS_SCHEMA, rank, "scalars", wall_time=time.time())
     _check_finite(table, "scalars")
     return table
 
 
 def samples_table(rows: Sequence[Mapping[str, Any]], rank: int = 0) -> pa.Table:
     """Rows of sample dicts (step, sample_id, group_id, prompt, completion, ...) -> Arrow."""
-    cols = {name: [r.get(name) for r in rows] for name in SAMPLES_SCHEMA.names}
-    cols["rank"] = [r.get("rank", rank) for r in rows]
-    try:
-        table = pa.table(cols, schema=SAMPLES_SCHEMA)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise RecordError(f"samples: {exc}") from None
-    for col in ("prompt", "completion"):
-        _check_text(table, col, MAX_TEXT_CHARS, "samples")
+    table = _rows_table(rows, SAMPLES_SCHEMA, rank, "samples")
+    _check_text(table, SAMPLES, "samples")
     _check_finite(table, "samples")
     return table
 
@@ -132,10 +119,23 @@ def histograms_table(items: Sequence[Mapping[str, Any]], rank: int = 0) -> pa.Ta
     return table
 
 
+def _same_kind(source: pa.DataType, target: pa.DataType) -> bool:
+    # as strict as the JSON route: no string -> number, no number -> bool; widths may change
+    if pa.types.is_null(source):
+        return True
+    if pa.types.is_integer(target):
+        return pa.types.is_integer(source)
+    if pa.types.is_floating(target):
+        return pa.types.is_floating(source) or pa.types.is_integer(source)
+    if pa.types.is_string(target):
+        return pa.types.is_string(source) or pa.types.is_large_string(source)
+    return pa.types.is_boolean(source)
+
+
 def tokens_table(data: pa.Table | Mapping[str, Any], *, step: int | None = None, rank: int = 0) -> pa.Table:
     """Per-token columns (Arrow table or dict of equal-length arrays) -> the tokens table.
 
-    Refuses unknown or missing columns, uncastable types, NaN/inf and over-long token text.
+    Refuses unknown, missing or repeated columns, other kinds of values, NaN/inf, out-of-range numbers.
     """
     if not isinstance(data, pa.Table):
         cols = {}
@@ -152,10 +152,14 @@ def tokens_table(data: pa.Table | Mapping[str, Any], *, step: int | None = None,
             raise RecordError(f"tokens: {exc}") from None
     elif step is not None and "step" not in data.column_names:
         data = data.append_column("step", pa.array(np.full(data.num_rows, step, np.int64)))
-    unknown = sorted(set(data.column_names) - set(TOKEN_COLUMNS) - {"rank"})
+    names = data.column_names
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise RecordError(f"tokens: column(s) {repeated} appear more than once; send each column once")
+    unknown = sorted(set(names) - set(TOKEN_COLUMNS))
     if unknown:
         raise RecordError(f"tokens: unknown column(s) {unknown}; allowed: {sorted(TOKEN_COLUMNS)}")
-    missing = [n for n, (_, req) in TOKEN_COLUMNS.items() if req and n not in data.column_names]
+    missing = [n for n, c in TOKEN_COLUMNS.items() if c.required and n not in names]
     if missing:
         raise RecordError(f"tokens: missing required column(s) {missing}")
     if data.num_rows > MAX_TOKEN_ROWS:
@@ -163,8 +167,10 @@ def tokens_table(data: pa.Table | Mapping[str, Any], *, step: int | None = None,
     n = data.num_rows
     arrays = []
     for f in TOKENS_SCHEMA:
-        if f.name in data.column_names:
+        if f.name in names:
             col = data[f.name]
+            if not _same_kind(col.type, f.type):
+                raise RecordError(f"tokens.{f.name}: values are {col.type}; send {f.type} values")
             try:
                 col = col.cast(f.type, safe=True)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
@@ -175,13 +181,15 @@ def tokens_table(data: pa.Table | Mapping[str, Any], *, step: int | None = None,
             col = pa.nulls(n, f.type)
         arrays.append(col)
     table = pa.Table.from_arrays(arrays, schema=TOKENS_SCHEMA)
-    for name in ("step", "sample_id", "pos"):
-        if table[name].null_count:
+    for name, column in TOKEN_COLUMNS.items():
+        if column.required and table[name].null_count:
             raise RecordError(f"tokens.{name}: null values; every row needs {name}")
-        if n and pc.min(table[name]).as_py() < 0:
-            raise RecordError(f"tokens.{name}: negative values; {name} counts from 0")
+        if n and (column.ge is not None or column.lt is not None) and table[name].null_count < n:
+            low, high = (v.as_py() for v in pc.min_max(table[name]).values())
+            if column.ge is not None and low < column.ge:
+                raise RecordError(f"tokens.{name}: {low} is below {column.ge}; {name} counts from {column.ge}")
+            if column.lt is not None and high >= column.lt:
+                raise RecordError(f"tokens.{name}: {high} is not below the limit {column.lt}")
     _check_finite(table, "tokens")
-    _check_text(table, "token", MAX_TOKEN_CHARS, "tokens")
+    _check_text(table, TOKENS, "tokens")
     return table
-
-

@@ -54,12 +54,12 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 2
     try:
-        store = Store(args.db, hub=hub)
+        store = Store(args.db)
     except RuntimeError as exc:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 1
     try:
-        app = create_app(store, token=token, dashboard=not args.no_dashboard)
+        app = create_app(store, token=token, dashboard=not args.no_dashboard, hub=hub)
     except BaseException:
         store.close()
         raise

@@ -18,13 +18,13 @@ def _warn_once(warned: set, what: str, message: str, *args) -> None:
         log.warning(message, *args)
 
 
-_NONFINITE_CODE = {"nan": 0.0, "inf": 1.0, "-inf": -1.0}   # see schema.NONFINITE_PREFIX
+_NONFINITE_CODE = {"nan": 0.0, "inf": 1.0, "-inf": -1.0}   # see forksight.limits.NONFINITE_PREFIX
 
 
 def _finite_scalars(step: int, values: Mapping[str, Any], weight, warned: set) -> list[dict]:
     # a NaN loss must not crash training, nor cost the step's other numbers (the collector
     # refuses a whole batch with one bad value): drop what cannot be stored, say so once
-    from forksight.monitor.schema import MAX_KEY_CHARS, NONFINITE_PREFIX
+    from forksight.limits import MAX_KEY_CHARS, NONFINITE_PREFIX
 
     rows, now = [], time.time()
     weight = None if weight is None else float(weight.item() if hasattr(weight, "item") else weight)
@@ -50,22 +50,19 @@ def _finite_scalars(step: int, values: Mapping[str, Any], weight, warned: set) -
     return rows
 
 
-_SAMPLE_FIELDS = ("sample_id", "group_id", "prompt", "completion", "reward", "correct", "length", "source")
-
-
 def _sample_rows(step: int, rows: Sequence[Mapping[str, Any]], warned: set) -> list[dict]:
     """Sample dicts -> storable rows: known fields only, numbers finite, text within the limits."""
-    from forksight.monitor.schema import MAX_SHORT_CHARS, MAX_TEXT_CHARS
+    from forksight.tables import SAMPLE_FIELDS, SAMPLES
 
-    limits = {"prompt": MAX_TEXT_CHARS, "completion": MAX_TEXT_CHARS, "source": MAX_SHORT_CHARS}
+    limits = {c.name: c.max_chars for c in SAMPLES.columns if c.max_chars is not None}
     out = []
     for i, row in enumerate(rows):
-        extra = set(row) - set(_SAMPLE_FIELDS) - {"step"}
+        extra = set(row) - set(SAMPLE_FIELDS) - {"step"}
         if extra:
             _warn_once(warned, "sample-fields", "sample fields %s are not stored (known: %s)", sorted(extra),
-                       ", ".join(_SAMPLE_FIELDS))
+                       ", ".join(SAMPLE_FIELDS))
         clean: dict[str, Any] = {"step": int(step)}
-        for name in _SAMPLE_FIELDS:
+        for name in SAMPLE_FIELDS:
             value = row.get(name, i if name == "sample_id" else None)
             value = value.item() if hasattr(value, "item") else value
             if isinstance(value, float) and not math.isfinite(value):
@@ -88,7 +85,7 @@ def _histogram_item(step: int, key: str, counts, edges) -> dict:
             "edges": np.asarray(edges, dtype=np.float64).tolist()}
 
 
-_uncaught = {"seen": False}
+_uncaught = {"seen": False, "hooked": False}
 
 
 def _note_uncaught(prev_hook):
@@ -98,7 +95,14 @@ def _note_uncaught(prev_hook):
     return hook
 
 
-sys.excepthook = _note_uncaught(sys.excepthook)
+def _track(sink: "_Sink") -> None:
+    """Finish `sink` at exit; the first sink wraps sys.excepthook so exit can say 'crashed'."""
+    if not _uncaught["hooked"]:      # at first use, not at import: importing must change nothing
+        _uncaught["hooked"] = True
+        sys.excepthook = _note_uncaught(sys.excepthook)
+    _open_sinks.add(sink)
+
+
 _open_sinks: "weakref.WeakSet[_Sink]" = weakref.WeakSet()
 
 

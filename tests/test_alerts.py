@@ -368,13 +368,15 @@ def test_invalid_webhook_url_is_refused_with_a_clear_error(url, fragment):
 
 # ---------------------------------------------------------------------------- replay CLI
 def _stored_run(path, rows, *, hub=True) -> str:
+    from forksight.monitor.ingest import Ingest
     from forksight.monitor.store import Records, Store, scalars_table
 
-    with Store(str(path), alerts=hub) as store:
+    with Store(str(path)) as store:
+        ingest = Ingest(store, alerts=hub)
         run_id = store.create_run("collapse-run")
         for step, row in enumerate(rows):
             table = scalars_table([{"step": step, "key": k, "value": v} for k, v in row.items()])
-            store.write(run_id, Records(scalars=table), batch_id=f"b{step}")
+            ingest.write(run_id, Records(scalars=table), batch_id=f"b{step}")
         store.flush()
     return run_id
 

@@ -21,7 +21,7 @@ def _train(tmp_path, preset: str, **over):
                   eval_problems=4, eval_samples=2, eval_every=0, token_groups=0)
     values.update(over)
     result = train(load_config(preset=preset, overrides=values))
-    with Store(str(db), alerts=False) as store:
+    with Store(str(db)) as store:
         alerts = store.reader.read_alerts(result.run_id)
         frame = store.reader.read_scalars(result.run_id, keys=["entropy/mean"], downsample=10**9)
     entropy = frame.set_index("step")["value"].sort_index()

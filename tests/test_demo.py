@@ -34,7 +34,7 @@ def test_demo_trains_three_strategies_live_and_alerts_on_the_collapsing_one(tmp_
     assert f"http://127.0.0.1:{port}/" in out
     assert "all runs ended" in out
 
-    with Store(str(db), alerts=False) as store:
+    with Store(str(db)) as store:
         reader = store.reader
         runs = reader.list_runs().set_index("name")
         assert {"demo-all", "demo-fork", "demo-ict"} <= set(runs.index)
@@ -94,7 +94,7 @@ def test_ctrl_c_stops_the_demo_cleanly_and_loses_no_stored_step(tmp_path):
             proc.kill()
     assert proc.returncode == 0, out[-3000:]
     assert "stopping after the current step" in out
-    with Store(str(db), alerts=False) as store:
+    with Store(str(db)) as store:
         runs = store.reader.list_runs().set_index("name")
         for name in names:
             assert runs.loc[name, "status"] == "stopped"

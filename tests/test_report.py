@@ -78,7 +78,7 @@ def test_report_stores_what_the_step_computed(tmp_path, tiny):
     assert scalars["cov/logp_adv"] == pytest.approx(cov, rel=1e-5, abs=1e-7)
     assert scalars["pass@2"] == pytest.approx(_brute_pass_at_k([[True, False], [True, True]], 2))
 
-    with Store(str(db), alerts=False) as store:
+    with Store(str(db)) as store:
         reader = store.reader
         run_id = reader.list_runs().run_id.iloc[0]
         stored = reader.read_scalars(run_id)

@@ -16,7 +16,8 @@ import pytest
 
 from collector_util import REPO, InProcessCollector, ServeProcess, free_port
 from forksight.monitor.client import open_sink
-from forksight.monitor.schema import ARROW_MEDIA_TYPE, MAX_BODY_BYTES, MAX_SCALAR_ROWS
+from forksight.limits import MAX_BODY_BYTES, MAX_SCALAR_ROWS
+from forksight.monitor.schema import ARROW_MEDIA_TYPE
 
 HOSTILE = ["<script>alert('x')</script>", "'); DROP TABLE scalars; --", "\" OR 1=1 --", "&lt;b&gt;", "é✓\u0000z"]
 

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from forksight.monitor.client import LocalSink, NullSink, open_sink
+from forksight.monitor.ingest import Ingest
 from forksight.monitor.store import (
     Records, RecordError, Store, histogram_quantile, histograms_table, samples_table, scalars_table,
     tokens_table,
@@ -92,7 +93,7 @@ def test_ranks_merge_by_token_weight_and_percentiles_from_summed_histograms(tmp_
     rng = np.random.default_rng(1)
     edges = np.linspace(0.0, 4.0, 41)
     values = {0: rng.gamma(2.0, 0.4, 3000), 1: rng.gamma(1.0, 0.3, 1000)}
-    with Store(tmp_path / "a.duckdb", alerts=False) as store:
+    with Store(tmp_path / "a.duckdb") as store:
         run = store.create_run("ddp")
         for rank, v in values.items():
             counts, _ = np.histogram(np.clip(v, 0, 3.999), edges)
@@ -121,7 +122,7 @@ def test_histogram_quantile_hand_worked():
 
 
 def test_read_scalars_keeps_at_most_downsample_points_with_first_and_last(tmp_path):
-    with Store(tmp_path / "a.duckdb", alerts=False) as store:
+    with Store(tmp_path / "a.duckdb") as store:
         run = store.create_run("long")
         steps = np.arange(5003)
         rows = [{"step": int(s), "key": k, "value": float(s) * m} for s in steps for k, m in (("a", 1), ("b", -2))]
@@ -162,8 +163,8 @@ def test_run_names_unless_taken_join_and_stale_heartbeat_reads_crashed(tmp_path)
             store.create_run("nobody", join=True)
         with pytest.raises(ValueError, match="'my-run-1'"):          # suggests a name that works
             store.create_run("my run #1")
-        assert store.update_run("exp", status="finished") == []
-        assert store.update_run("ghost", status="finished") is None
+        assert Ingest(store).update_run("exp", status="finished") == []
+        assert Ingest(store).update_run("ghost", status="finished") is None
         time.sleep(0.7)
         status = dict(zip(*store.reader.list_runs()[["run_id", "status"]].T.values))
         assert status == {"exp": "finished", "exp-2": "crashed"}
@@ -217,13 +218,13 @@ def test_a_second_store_on_a_held_file_says_who_owns_it(tmp_path):
     import sys
 
     with Store(tmp_path / "a.duckdb"):
-        out = subprocess.run([sys.executable, "-c", f"from monitor.store import Store; Store({str(tmp_path / 'a.duckdb')!r})"],
+        out = subprocess.run([sys.executable, "-c", f"from forksight.monitor.store import Store; Store({str(tmp_path / 'a.duckdb')!r})"],
                              capture_output=True, text=True)
     assert out.returncode != 0 and "url=" in out.stderr and "forksight serve" in out.stderr
 
 
 def test_reader_frames_have_contract_columns(tmp_path):
-    with Store(tmp_path / "a.duckdb", alerts=False) as store:
+    with Store(tmp_path / "a.duckdb") as store:
         run = store.create_run("cols")
         assert list(store.reader.list_runs().columns) == ["run_id", "name", "project", "strategy", "model",
                                                           "status", "created_at", "heartbeat", "last_step", "config"]
@@ -248,20 +249,21 @@ def test_the_hub_sees_each_complete_step_once_merged_like_the_reader(tmp_path):
     hub = _RecordingHub()
     rng = np.random.default_rng(2)
     edges = np.linspace(0, 2, 21)
-    with Store(tmp_path / "a.duckdb", hub=hub) as store:
+    with Store(tmp_path / "a.duckdb") as store:
+        ingest = Ingest(store, hub)
         run = store.create_run("merge", config={"vocab_size": 311})
         for step in range(4):
             for rank in (0, 1):                          # each rank in two calls, like report + extra
                 v = rng.random(50) * 2
                 counts, _ = np.histogram(v, edges)
-                store.write(run, Records(scalars=scalars_table(
+                ingest.write(run, Records(scalars=scalars_table(
                     [{"step": step, "key": "entropy/mean", "value": float(v.mean()), "weight": 50.0 + rank},
                      {"step": step, "key": "entropy/p50", "value": 9.9}], rank))).result()
-                store.write(run, Records(scalars=scalars_table([{"step": step, "key": "loss", "value": step + rank}], rank),
+                ingest.write(run, Records(scalars=scalars_table([{"step": step, "key": "loss", "value": step + rank}], rank),
                                          histograms=histograms_table([{"step": step, "key": "entropy", "counts": counts,
                                                                        "edges": edges}], rank))).result()
         assert sorted(s for _, s in hub.seen) == [0, 1, 2]       # step 3 waits for the run to end
-        store.update_run(run, status="finished")
+        ingest.update_run(run, status="finished")
         assert sorted(s for _, s in hub.seen) == [0, 1, 2, 3]
         df = store.reader.read_scalars(run)
         for (_, step), seen in hub.seen.items():

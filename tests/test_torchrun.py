@@ -55,7 +55,7 @@ def test_two_ranks_stream_into_one_merged_run(tmp_path, collector):
     for step in (1, 2):
         # gradients were all-reduced before clipping: both ranks saw the same gradient norm
         assert per_rank[(step, 0, "grad_norm")][0] == pytest.approx(per_rank[(step, 1, "grad_norm")][0], rel=1e-5)
-    with Store(collector.db, alerts=False) as store:
+    with Store(collector.db) as store:
         merged = store.reader.read_scalars("ddp", keys=["entropy/mean"])
     for step in (1, 2):
         (h0, w0), (h1, w1) = per_rank[(step, 0, "entropy/mean")], per_rank[(step, 1, "entropy/mean")]

@@ -38,7 +38,7 @@ def test_every_strategy_runs_and_stores_consistent_rows(tmp_path, strategy, teac
     extra = {"teacher": teacher_path} if strategy in ("maxtok", "mintok", "rand1tok") else {}
     result = _run(tmp_path, strategy, **extra)
     assert result.steps == 2 and not result.stopped_early
-    with Store(str(tmp_path / "t.duckdb"), alerts=False) as store:
+    with Store(str(tmp_path / "t.duckdb")) as store:
         reader = store.reader
         runs = reader.list_runs()
         assert runs.strategy.tolist() == [strategy] and runs.status.tolist() == ["finished"]
@@ -80,7 +80,7 @@ def test_resume_continues_the_step_count(tmp_path):
 
     assert torch.load(resumed.checkpoint, weights_only=False)["step"] == 3
     assert resumed.run_id == first.run_id  # the same run continues, not a new name-2
-    with Store(str(tmp_path / "t.duckdb"), alerts=False) as store:
+    with Store(str(tmp_path / "t.duckdb")) as store:
         steps = sorted(set(store.reader.read_scalars(resumed.run_id).step))
         assert len(store.reader.list_runs()) == 1
     assert steps == [1, 2, 3]  # steps 1-2 from the first process, step 3 from the resumed one
@@ -90,7 +90,7 @@ def test_collapse_preset_drives_entropy_down_and_reward_up(tmp_path):
     result = train(load_config(preset="collapse", overrides=dict(
         steps=14, db=str(tmp_path / "c.duckdb"), out_dir=str(tmp_path / "runs"), progress=False,
         run="collapse")))
-    with Store(str(tmp_path / "c.duckdb"), alerts=False) as store:
+    with Store(str(tmp_path / "c.duckdb")) as store:
         df = store.reader.read_scalars(result.run_id, keys=["entropy/mean", "reward/mean"])
     curve = df.pivot(index="step", columns="key", values="value").sort_index()
     first, last = curve.iloc[:3].mean(), curve.iloc[-3:].mean()
@@ -107,7 +107,7 @@ def test_cli_trains_ict_end_to_end(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2 and summary["run_id"] == "cli-ict"
-    with Store(str(db), alerts=False) as store:
+    with Store(str(db)) as store:
         runs = store.reader.list_runs()
         assert runs.strategy.tolist() == ["ict"]
         stored = store.reader.read_scalars("cli-ict", keys=["loss"])
@@ -143,7 +143,7 @@ def test_ctrl_c_saves_flushes_and_marks_the_run_stopped(tmp_path):
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["stopped_early"] and summary["steps"] >= 1
     assert torch.load(ckpt, weights_only=False)["step"] == summary["steps"]
-    with Store(str(db), alerts=False) as store:
+    with Store(str(db)) as store:
         runs_df = store.reader.list_runs()
         assert runs_df.status.tolist() == ["stopped"]
         stored_steps = set(store.reader.read_scalars("sigint", keys=["loss"]).step)

@@ -68,7 +68,7 @@ def run_a(tiny_model_path, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("trl_a")
     hub = AlertHub(AlertConfig(collapse=CollapseConfig(floor=50.0, warmup_steps=2, baseline_steps=1, persist=1)))
-    sink = LocalSink(str(tmp / "a.duckdb"), "grpo-a", store=Store(str(tmp / "a.duckdb"), hub=hub),
+    sink = LocalSink(str(tmp / "a.duckdb"), "grpo-a", store=Store(str(tmp / "a.duckdb")), hub=hub,
                      config={"vocab_size": 311})
     rewards: list = []
     trainer = make_trainer(tiny_model_path, tmp / "out", MAX_STEPS, rewards)
@@ -236,7 +236,7 @@ def test_trl_114_example_streams_through_a_real_collector(tmp_path):
              "--output-dir", str(tmp_path / "out")],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
-    store = Store(str(db), alerts=False)
+    store = Store(str(db))
     try:
         reader = store.reader
         runs = reader.list_runs()

@@ -156,8 +156,9 @@ def load_config(path: str | None = None, preset: str | None = None,
     try:
         return TrainConfig(**values)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}"
-                             for e in exc.errors())
+        from forksight.monitor.errors import validation_message
+
+        problems = validation_message(exc.errors(), root="config")
         raise ValueError(f"invalid training config: {problems}") from None
 
 

@@ -1,0 +1,245 @@
+"""Ingest: what every producer path writes through (the HTTP routes and the in-process LocalSink).
+
+It stores a batch through the Store, then, on the writer thread and in commit order, judges
+each step that became complete (a later step arrived, or the run ended) with the alert hub,
+reading its rank-merged scalars through the Reader (the one merge rule). The HTTP helpers at
+the bottom turn request bodies into Records.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from forksight.limits import RUN_ID_RE
+from forksight.monitor.errors import ApiError, validation_message
+from forksight.monitor.records import (
+    ALERTS_SCHEMA, RecordError, Records, histograms_table, samples_table, scalars_table, tokens_table,
+)
+from forksight.monitor.schema import Batch
+from forksight.monitor.store import Store, WriteResult, insert_arrow
+
+log = logging.getLogger("forksight.ingest")
+
+
+@dataclass
+class Ingested:
+    """What one batch did: stored False when its batch id was already stored; alerts it raised."""
+
+    stored: bool
+    rows: dict[str, int] = field(default_factory=dict)
+    alerts: list[dict] = field(default_factory=list)
+
+
+class Ingest:
+    """Stores batches and feeds each complete, rank-merged step to the alert hub once."""
+
+    def __init__(self, store: Store, hub=None, *, alerts: bool = True):
+        """hub: an AlertHub (None: one from the environment's defaults, unless alerts=False)."""
+        if hub is None and alerts:
+            from forksight.monitor.alerts import AlertHub
+
+            hub = AlertHub()
+        self.store, self.hub = store, hub
+        self._last: dict[str, int] = {}          # newest step judged, per run (writer thread)
+        self._pending: dict[str, set[int]] = {}  # steps seen but not judged yet, per run
+        self._vocab: dict[str, int | None] = {}
+        self._known: set[str] = set()
+        self._lock = threading.Lock()
+        if hub is not None and hasattr(hub, "close"):
+            store.on_close(hub.close)
+
+    def write(self, run_id: str, records: Records, batch_id: str | None = None) -> Future:
+        """Queue one batch; the Future gives an Ingested once it is committed and judged."""
+        out: Future = Future()
+        if self.hub is not None and run_id not in self._last:
+            # before the write, in queue order: steps stored by an earlier process count as judged
+            self.store.submit(lambda cur: self._load_last(cur, run_id))
+        fut = self.store.write(run_id, records, batch_id,
+                               after=lambda cur, result: self._written(cur, run_id, records, result, out))
+        fut.add_done_callback(lambda f: self._settle(f, out))
+        return out
+
+    @staticmethod
+    def _settle(fut: Future, out: Future) -> None:
+        # normally `after` resolved `out` already; this covers a failed write (or a failed `after`)
+        if out.done():
+            return
+        if fut.exception() is not None:
+            out.set_exception(fut.exception())
+        else:
+            out.set_result(Ingested(fut.result().stored, fut.result().rows))
+
+    def update_run(self, run_id: str, *, status: str | None = None, strategy: str | None = None,
+                   model: str | None = None, config: dict | None = None) -> list[dict] | None:
+        """Change a run's status/metadata; None if no such run. Ending it judges its last step."""
+        if not self.store.update_run(run_id, status=status, strategy=strategy, model=model, config=config):
+            return None
+        self._vocab.pop(run_id, None)
+        if self.hub is None or status in (None, "live"):
+            return []
+        return self.store.call(lambda cur: self._judge(cur, run_id, final=True))
+
+    def has_run(self, run_id: str) -> bool:
+        """True when the run exists (remembered once seen: runs are never deleted)."""
+        if run_id in self._known:
+            return True
+        if RUN_ID_RE.match(run_id) and self.store.reader.has_run(run_id):
+            self._known.add(run_id)
+            return True
+        return False
+
+    # -- on the writer thread
+    def _load_last(self, cur, run_id: str) -> None:
+        row = cur.execute("SELECT max(step) FROM scalars WHERE run_id = ?", [run_id]).fetchall()[0]
+        self._last.setdefault(run_id, -1 if row[0] is None else int(row[0]))
+
+    def _written(self, cur, run_id: str, records: Records, result: WriteResult, out: Future) -> None:
+        alerts: list[dict] = []
+        if result.stored and self.hub is not None:
+            try:
+                alerts = self._judge(cur, run_id, records=records)
+            except Exception:  # noqa: BLE001 - a detector bug must not fail a stored batch
+                log.exception("alerts failed on run %s", run_id)
+        out.set_result(Ingested(result.stored, result.rows, alerts))
+
+    def _judge(self, cur, run_id: str, records: Records | None = None, final: bool = False) -> list[dict]:
+        """Judge the run's steps that are complete now; store and return the alerts raised."""
+        last = self._last.get(run_id, -1)
+        pending = self._pending.setdefault(run_id, set())
+        if records is not None:
+            for table, steps_of in ((records.scalars, None), (records.histograms, "entropy")):
+                if table is not None and table.num_rows:
+                    steps = table["step"] if steps_of is None else \
+                        table.filter(pc.equal(table["key"], steps_of))["step"]
+                    pending.update(s for s in pc.unique(steps).to_pylist() if s > last)
+            if records.scalars is None or not records.scalars.num_rows:
+                return []            # only new scalars complete a step
+        newest = max(pending, default=None)
+        ready = sorted(s for s in pending if final or s < newest)
+        if not ready:
+            return []
+        pending.difference_update(ready)
+        self._last[run_id] = ready[-1]
+        merged = self.store.reader.steps_scalars(run_id, ready)
+        rows: list[dict] = []
+        for step in ready:
+            if not merged.get(step):
+                continue
+            try:
+                found = self.hub.on_step(run_id, step, merged[step], self._vocab_size(cur, run_id)) or []
+            except Exception:  # noqa: BLE001 - a detector bug must not stop ingest
+                log.exception("alert hub failed on run %s step %s", run_id, step)
+                found = []
+            for row in found:
+                # JSON answers cannot carry NaN/inf: a non-finite alert field becomes null
+                row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+                row["run_id"] = run_id
+                row.setdefault("step", step)
+                row.setdefault("wall_time", time.time())
+                rows.append(row)
+        if rows:
+            table = pa.Table.from_pylist([{k: r.get(k) for k in ALERTS_SCHEMA.names} for r in rows],
+                                         schema=ALERTS_SCHEMA)
+            try:
+                insert_arrow(cur, "alerts", table)
+            except Exception:  # noqa: BLE001 - the alerts still reach the client
+                log.exception("could not store %d alert(s)", len(rows))
+        return rows
+
+    def _vocab_size(self, cur, run_id: str) -> int | None:
+        if run_id not in self._vocab:
+            import json
+
+            row = cur.execute("SELECT config FROM runs WHERE run_id = ?", [run_id]).fetchall()
+            config = json.loads(row[0][0]) if row and row[0][0] else {}
+            vocab = config.get("vocab_size") if isinstance(config, dict) else None
+            self._vocab[run_id] = int(vocab) if isinstance(vocab, (int, float)) else None
+        return self._vocab[run_id]
+
+
+# ---------------------------------------------------------------------------- HTTP bodies -> Records
+def require_run(ingest: Ingest, run_id: str) -> None:
+    """404 unless the run exists."""
+    if not ingest.has_run(run_id):
+        raise ApiError(404, f"unknown run {run_id!r}: create it first with POST /api/runs")
+
+
+def batch_records(batch: Batch) -> Records:
+    """A validated JSON batch -> Arrow tables for the store."""
+    rank = batch.rank
+    tokens = None
+    if batch.tokens:
+        tokens = pa.concat_tables([
+            tokens_table({k: v for k, v in block.model_dump().items() if k != "step" and v is not None},
+                         step=block.step, rank=rank) for block in batch.tokens])
+    return Records(
+        scalars=scalars_table([r.model_dump() for r in batch.scalars], rank) if batch.scalars else None,
+        samples=samples_table([r.model_dump() for r in batch.samples], rank) if batch.samples else None,
+        histograms=histograms_table([r.model_dump() for r in batch.histograms], rank) if batch.histograms else None,
+        tokens=tokens,
+    )
+
+
+def parse_json_batch(body: bytes) -> Batch:
+    """Bytes -> Batch; 400 for malformed JSON, 422 naming the field for anything else."""
+    from pydantic import ValidationError
+
+    try:
+        return Batch.model_validate_json(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        if errors and errors[0]["type"] == "json_invalid":
+            raise ApiError(400, f"body is not valid JSON ({errors[0]['msg']}); send one JSON object") from None
+        raise ApiError(422, validation_message(errors)) from None
+
+
+def json_records(body: bytes) -> tuple[Records, str]:
+    """A JSON ingest body -> (Records, batch id); 400/422 naming what is wrong."""
+    batch = parse_json_batch(body)
+    try:
+        return batch_records(batch), batch.batch_id
+    except RecordError as exc:
+        raise ApiError(422, str(exc)) from None
+
+
+def parse_arrow_tokens(body: bytes, rank: int) -> Records:
+    """An Arrow IPC stream of per-token columns -> Records; 422 naming what is wrong."""
+    from forksight.monitor.schema import ARROW_MEDIA_TYPE
+
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+        raise ApiError(400, f"body is not an Arrow IPC stream ({exc}); send {ARROW_MEDIA_TYPE}") from None
+    if "rank" in table.column_names:
+        # older sinks sent the rank as a column too: accepted only when it says the same
+        ranks = table["rank"]
+        if not pa.types.is_integer(ranks.type) or ranks.null_count or \
+                (table.num_rows and pc.min_max(ranks).as_py() != {"min": rank, "max": rank}):
+            raise ApiError(422, f"tokens.rank: a rank column must equal the rank parameter ({rank}) on every "
+                           "row; send the rank as ?rank= only")
+        table = table.drop_columns(["rank"])
+    try:
+        return Records(tokens=tokens_table(table, rank=rank))
+    except RecordError as exc:
+        raise ApiError(422, str(exc)) from None
+
+
+async def ingest_impl(ingest: Ingest, run_id: str, records: Records, batch_id: str) -> dict:
+    """Store one batch (once per batch id) and return what happened, with any alerts."""
+    require_run(ingest, run_id)
+    try:
+        result = await asyncio.wrap_future(ingest.write(run_id, records, batch_id))
+    except Exception as exc:  # noqa: BLE001 - nothing of the batch was stored (one transaction)
+        log.exception("write of batch %s for run %s failed", batch_id, run_id)
+        raise ApiError(500, f"the store could not write batch {batch_id} ({type(exc).__name__}: {exc}); "
+                       "nothing of it was stored: send it again") from None
+    return {"run_id": run_id, "batch_id": batch_id, "stored": result.stored,
+            "duplicate": not result.stored, "rows": result.rows, "alerts": result.alerts}
