@@ -118,17 +118,14 @@ class StepReporter:
     @staticmethod
     def _sample_rows(samples: list[dict], group_list: list[int], mask: torch.Tensor,
                      sample_ids: list[int]) -> list[dict]:
+        from forksight.tables import SAMPLE_FIELDS   # the samples table's spec: a new field flows through
+
         lengths = mask.sum(dim=1).tolist()
-        return [
-            {
-                "sample_id": sample_ids[i],
-                "group_id": group_list[i],
-                "prompt": s.get("prompt", ""),
-                "completion": s.get("completion", ""),
-                "reward": float(s["reward"]),
-                "correct": bool(s.get("correct", False)),
-                "length": int(s.get("length", lengths[i])),
-                "source": s.get("source", ""),
-            }
-            for i, s in enumerate(samples)
-        ]
+        defaults = {"prompt": "", "completion": "", "correct": False, "source": ""}
+        rows = []
+        for i, s in enumerate(samples):
+            row = {name: s.get(name, defaults.get(name)) for name in SAMPLE_FIELDS}
+            row.update(sample_id=sample_ids[i], group_id=group_list[i], reward=float(s["reward"]),
+                       correct=bool(row["correct"]), length=int(s.get("length", lengths[i])))
+            rows.append(row)
+        return rows
