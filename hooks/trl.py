@@ -17,9 +17,10 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from forksight.hooks import metrics
 from forksight.hooks.attach import AttachHandle
+from forksight.hooks.passk import pass_at_k_groups
 from forksight.hooks.sample_log import as_text
+from forksight.hooks.token_select import top_rho_mask
 
 log = logging.getLogger("forksight.trl")
 
@@ -36,6 +37,21 @@ def trl_mode(version: str) -> str | None:
     """'logits', 'fused' or None (unknown version: scalar-only monitoring)."""
     parts = version.split(".")
     return SUPPORT.get(".".join(parts[:2])) if len(parts) >= 2 else None
+
+
+def _eval_prefix(logs: dict) -> str | None:
+    """The evaluation's metric prefix ("eval", or "eval_<name>" per set of a dict eval_dataset)."""
+    for key in logs:
+        if key.startswith("eval") and key.endswith("_runtime"):
+            return key[: -len("_runtime")]
+    return None
+
+
+def _eval_key(key: str, prefix: str | None) -> str:
+    """TRL adds its own eval metrics as "eval_<metric>" whatever the set: file them under the set."""
+    if prefix and prefix != "eval" and key.startswith("eval_") and not key.startswith(prefix + "_"):
+        return prefix + key[len("eval"):]
+    return key
 
 
 class _RowHasher:
@@ -93,6 +109,7 @@ class ForksightCallback(TrainerCallback):
         self.mode: str | None = None
         self._hasher = _RowHasher()
         self._samples: list[dict] | None = None
+        self._env_rows: dict[int, torch.Tensor] = {}  # generation-batch index -> tool-output tokens [C]
         self._advantages: list[float] | None = None
         self._eval_groups: list[list[bool]] = []
         self._forward_before: Any = None
@@ -157,13 +174,15 @@ class ForksightCallback(TrainerCallback):
                                    js_groups=self.js_groups, js_budget=self.js_budget,
                                    temperature=trainer.temperature, chunk_size=self.chunk_size, auto_step=False)
         self.handle.row_index_fn = self._hasher.lookup
+        self.handle.env_mask_fn = self._env_mask
+        self.handle.per_forward_means = True  # TRL logs the mean of its per-micro-batch means
         quantile = trainer.top_entropy_quantile
         if quantile < 1.0:
             def select(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
                 # the same call TRL makes; with several ranks TRL gathers entropies, so use the local quantile
                 if accel.num_processes == 1:
                     return trainer.get_high_entropy_mask(entropy, mask, 1 - quantile)
-                return metrics.top_rho_mask(entropy, mask, rho=quantile)[0]
+                return top_rho_mask(entropy, mask, rho=quantile)[0]
             self.handle.selection_fn = select
         if self.mode == "fused":
             self._patch_fused_head(model, trainer)
@@ -225,7 +244,10 @@ class ForksightCallback(TrainerCallback):
             G = trainer.num_generations_eval if getattr(trainer, "num_generations_eval", None) else trainer.num_generations
             self._eval_groups += [correct[i:i + G] for i in range(0, n, G)]
             return
-        self._hasher.index(out["prompt_ids"], out["completion_ids"], accel.process_index * local, size)
+        offset = accel.process_index * local
+        self._hasher.index(out["prompt_ids"], out["completion_ids"], offset, size)
+        tool_mask = out.get("tool_mask")  # 0 where a tool or environment wrote the token
+        self._env_rows = {} if tool_mask is None else {offset + i: ~row for i, row in enumerate(tool_mask.bool())}
         self.handle.num_rows = size
         self._advantages = [float(a) for a in list(logs["advantages"])[-n:]]
         if accel.is_main_process:  # _logs is gathered over ranks: one rank logs the samples
@@ -233,11 +255,24 @@ class ForksightCallback(TrainerCallback):
             self._samples = [{"prompt": as_text(p), "completion": as_text(c), "reward": r, "correct": k}
                              for p, c, r, k in zip(prompts, completions, rewards, correct)]
 
+    def _env_mask(self, index: list[int], width: int) -> torch.Tensor | None:
+        """Tool-output tokens of these rows, right-aligned with the forward's completion columns."""
+        if not self._env_rows:
+            return None
+        out = torch.zeros(len(index), width, dtype=torch.bool)
+        for r, i in enumerate(index):
+            row = self._env_rows.get(i)
+            if row is not None:
+                n = min(width, row.numel())
+                out[r, width - n:] = row[row.numel() - n:].cpu()
+        return out
+
     # ------------------------------------------------------------------ trainer events
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.sink is None or not logs or not state.is_world_process_zero:
             return
-        values = {k: float(v) for k, v in logs.items()
+        prefix = _eval_prefix(logs)
+        values = {_eval_key(k, prefix): float(v) for k, v in logs.items()
                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if values:
             self.sink.log_scalars(state.global_step, values)
@@ -265,10 +300,10 @@ class ForksightCallback(TrainerCallback):
             return
         groups, self._eval_groups = self._eval_groups, []
         if state.is_world_process_zero:
-            from forksight.hooks.metrics import pass_at_k_groups
-
+            prefix = _eval_prefix(metrics or {})  # eval_<name> for each set of a dict eval_dataset
+            name = "eval" if prefix == "eval" else f"eval/{prefix[len('eval_'):]}"
             self.sink.log_scalars(state.global_step,
-                                  {f"eval/pass@{k}": v for k, v in pass_at_k_groups(groups).items()})
+                                  {f"{name}/pass@{k}": v for k, v in pass_at_k_groups(groups).items()})
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.sink is not None and hasattr(self.sink, "flush"):

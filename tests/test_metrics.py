@@ -500,3 +500,19 @@ def test_peak_extra_memory_stays_within_the_chunk_budget():
     assert plain <= chunk_bound + 2 * 2**20, (plain, chunk_bound)  # + small: [B, T] outputs, allocator
     assert js <= chunk_bound + 2 * 2**20, (js, chunk_bound)
     assert whole >= 0.9 * logits_bytes, (whole, logits_bytes)  # the probe sees a B·T·V allocation
+
+
+def test_summarize_means_per_part_and_lengths_over_rows_with_tokens():
+    z = random_logits((4, 6, 32), scale=3.0, seed=23)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0]]).bool()
+    stats = token_stats(z, mask=mask, tokens=torch.zeros(4, 6, dtype=torch.long))
+    h, m = stats.entropy.numpy().astype(np.float64), mask.numpy()
+    # rows 0-1 one micro-batch, rows 2-3 another (TRL averages per-micro-batch means)
+    got = summarize(stats, parts=torch.tensor([0, 0, 1, 1]))
+    assert got["entropy/mean"] == pytest.approx((h[:2][m[:2]].mean() + h[2:][m[2:]].mean()) / 2, abs=1e-9)
+    assert summarize(stats)["entropy/mean"] == pytest.approx(h[m].mean(), abs=1e-9)
+    # row 3 has no token (another rank's row, or never seen): not a completion of length 0
+    assert got["length/mean"] == pytest.approx((6 + 2 + 3) / 3)
+    selected = torch.zeros(4, 6, dtype=torch.bool)
+    selected[:, 0] = True
+    assert summarize(stats, selected=selected)["selected/frac"] == pytest.approx(3 / 11)
