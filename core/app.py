@@ -14,19 +14,21 @@ from urllib.parse import urlparse
 
 from fastapi import FastAPI
 
-from forksight.monitor.guard import GuardMiddleware, is_loopback
+from forksight.monitor.guard import GuardMiddleware, check_bind
 from forksight.monitor.server import create_api
 from forksight.monitor.store import Store
 
 log = logging.getLogger("forksight.app")
 
 
-def create_app(store: Store, *, token: str | None = None, dashboard: bool = True, hub=None) -> FastAPI:
-    """The collector app over `store`: /api routes first, the Dash dashboard at /, all behind the guard."""
+def create_app(store: Store, *, token: str | None = None, dashboard: bool = True,
+               host: str = "127.0.0.1", hub=None) -> FastAPI:
+    """The collector app over `store`: /api routes first, the Dash dashboard at /, all behind the
+    guard (`host` is the bound address, also accepted as Host on the tokenless default)."""
     app = create_api(store, hub=hub)      # hub: the AlertHub (None: the environment's defaults)
     if dashboard:
         _mount_dashboard(app, store.reader)
-    app.add_middleware(GuardMiddleware, token=token)
+    app.add_middleware(GuardMiddleware, token=token, host=host)
     return app
 
 
@@ -34,6 +36,7 @@ def _mount_dashboard(app: FastAPI, reader) -> None:
     # mounted after the /api routes, so they match first
     from a2wsgi import WSGIMiddleware
 
+    from forksight.dash_guard import guard_callbacks
     from forksight.dashboard.app import create_dash
 
     try:
@@ -41,6 +44,7 @@ def _mount_dashboard(app: FastAPI, reader) -> None:
     except Exception:  # noqa: BLE001 - a broken page must not take ingest down with it
         log.exception("forksight: the dashboard failed to start; serving the API only")
         return
+    guard_callbacks(dash_app)
     app.mount("/", WSGIMiddleware(dash_app.server))
 
 
@@ -51,12 +55,10 @@ class Collector:
                  dashboard: bool = True):
         import uvicorn
 
-        if not is_loopback(host) and not token:
-            raise ValueError(f"binding {host} needs a token (--token or FORKSIGHT_TOKEN): anyone on the "
-                             "network could write and read runs otherwise")
+        check_bind(host, token)
         self.store = Store(db)
-        self.app = create_app(self.store, token=token, dashboard=dashboard)
-        self.url = f"http://{host}:{port}"
+        self.app = create_app(self.store, token=token, dashboard=dashboard, host=host)
+        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host or '127.0.0.1'}:{port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning",
                                                     access_log=False, timeout_graceful_shutdown=5))
         self.thread = threading.Thread(target=self.server.run, name="forksight-collector", daemon=True)

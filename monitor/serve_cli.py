@@ -40,13 +40,14 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from forksight.app import create_app
-    from forksight.monitor.guard import is_loopback
+    from forksight.monitor.guard import check_bind
     from forksight.monitor.store import Store
 
     token = args.token or os.environ.get("FORKSIGHT_TOKEN") or None
-    if not is_loopback(args.host) and not token:
-        print(f"forksight serve: binding {args.host} exposes every run to the network; pass --token T "
-              "(or set FORKSIGHT_TOKEN) and send 'Authorization: Bearer T'", file=sys.stderr)
+    try:
+        check_bind(args.host, token)
+    except ValueError as exc:
+        print(f"forksight serve: {exc}", file=sys.stderr)
         return 2
     try:
         hub = _alert_hub(args)
@@ -59,7 +60,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 1
     try:
-        app = create_app(store, token=token, dashboard=not args.no_dashboard, hub=hub)
+        app = create_app(store, token=token, dashboard=not args.no_dashboard, host=args.host, hub=hub)
     except BaseException:
         store.close()
         raise

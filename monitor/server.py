@@ -12,18 +12,18 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any
 
-import pandas as pd
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi_offline import FastAPIOffline
 from starlette.background import BackgroundTask
 
+from forksight.limits import BATCH_ID_RE, MAX_RANK, limits
 from forksight.monitor.errors import ApiError, validation_message
 from forksight.monitor.guard import read_body
-from forksight.limits import BATCH_ID_RE, MAX_RANK, limits
 from forksight.monitor.ingest import Ingest, ingest_impl, json_records, parse_arrow_tokens, require_run
+from forksight.monitor.routes_read import read_routes
 from forksight.monitor.schema import Batch, RunCreate, RunUpdate
 from forksight.monitor.store import Store
 
@@ -31,16 +31,6 @@ log = logging.getLogger("forksight.server")
 
 
 # ---------------------------------------------------------------------------- impl (pure)
-def frame_response(df: pd.DataFrame) -> Response:
-    """A DataFrame as JSON records, floats exact (shortest round-trip repr), NaN/NA -> null."""
-    import json
-
-    import pyarrow as pa
-
-    rows = pa.Table.from_pandas(df, preserve_index=False).to_pylist()   # NaN -> None
-    return Response(json.dumps(rows, allow_nan=False), media_type="application/json")
-
-
 def export_impl(store: Store, run_id: str) -> str:
     """Write the run's hive-partitioned Parquet into a temp dir, zip it; return the zip path."""
     from forksight.monitor.export import export_tables
@@ -61,11 +51,11 @@ def create_api(store: Store, *, hub=None) -> FastAPI:
 
     hub: the AlertHub that judges ingested steps (None: one from the environment's defaults).
     """
-    app = FastAPI(title="forksight collector", version="0.1.0",
-                  description="Ingest of per-step and per-token training diagnostics; reads for the dashboard.")
+    # Swagger UI and ReDoc served from the package's own copies: /docs works offline
+    app = FastAPIOffline(title="forksight collector", version="0.1.0",
+                         description="Ingest of per-step and per-token training diagnostics; reads for the dashboard.")
     app.state.store = store
     ingester = app.state.ingest = Ingest(store, hub)
-    reader = store.reader
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
@@ -91,16 +81,7 @@ def create_api(store: Store, *, hub=None) -> FastAPI:
             raise ApiError(404, f"{exc}; rank 0 creates it (POST /api/runs without join)") from None
         return {"run_id": run_id}
 
-    @app.get("/api/runs")
-    def list_runs() -> Response:
-        return frame_response(reader.list_runs())
-
-    @app.get("/api/runs/{run_id}")
-    def get_run(run_id: str) -> dict:
-        run = reader.run(run_id)
-        if run is None:
-            raise ApiError(404, f"unknown run {run_id!r}: see GET /api/runs")
-        return {k: (None if _isna(v) else v) for k, v in run.items()}
+    app.include_router(read_routes(store.reader, ingester.has_run))
 
     @app.patch("/api/runs/{run_id}")
     def update_run(run_id: str, body: RunUpdate) -> dict:
@@ -136,42 +117,6 @@ def create_api(store: Store, *, hub=None) -> FastAPI:
         body = await read_body(request)
         return await ingest_impl(ingester, run_id, parse_arrow_tokens(body, rank), batch_id)
 
-    @app.get("/api/runs/{run_id}/scalar_keys")
-    def scalar_keys(run_id: str) -> list[str]:
-        return reader.scalar_keys(run_id)
-
-    @app.get("/api/runs/{run_id}/scalars")
-    def scalars(run_id: str, keys: str | None = Query(None, description="comma-separated keys"),
-                downsample: int = Query(1000, ge=1, le=100_000), since_step: int | None = None) -> Response:
-        key_list = [k for k in keys.split(",") if k] if keys else None
-        return frame_response(reader.read_scalars(run_id, key_list, downsample=downsample, since_step=since_step))
-
-    @app.get("/api/runs/{run_id}/histograms")
-    def histograms(run_id: str, key: str = "entropy", downsample: int = Query(1000, ge=1, le=100_000),
-                   since_step: int | None = None) -> Response:
-        return frame_response(reader.read_histograms(run_id, key, downsample=downsample, since_step=since_step))
-
-    @app.get("/api/runs/{run_id}/token_steps")
-    def token_steps(run_id: str) -> list[int]:
-        return reader.token_steps(run_id)
-
-    @app.get("/api/runs/{run_id}/tokens")
-    def tokens(run_id: str, step: int, sample_id: int | None = None) -> Response:
-        return frame_response(reader.read_tokens(run_id, step, sample_id))
-
-    @app.get("/api/runs/{run_id}/samples")
-    def samples(run_id: str, step: int | None = None, group_id: int | None = None,
-                limit: int = Query(10_000, ge=1, le=100_000)) -> Response:
-        return frame_response(reader.read_samples(run_id, step, group_id, limit=limit))
-
-    @app.get("/api/runs/{run_id}/counts")
-    def counts(run_id: str) -> dict:
-        return reader.row_counts(run_id)
-
-    @app.get("/api/alerts")
-    def alerts(run_id: str | None = None, since_step: int | None = None) -> Response:
-        return frame_response(reader.read_alerts(run_id, since_step))
-
     @app.get("/api/runs/{run_id}/export", response_class=FileResponse)
     def export(run_id: str):
         """The run's tables as hive-partitioned Parquet in a zip (works while the collector holds the file)."""
@@ -180,12 +125,4 @@ def create_api(store: Store, *, hub=None) -> FastAPI:
         return FileResponse(path, media_type="application/zip", filename=f"{run_id}-parquet.zip",
                             background=BackgroundTask(shutil.rmtree, os.path.dirname(path), True))
     return app
-
-
-def _isna(value: Any) -> bool:
-    try:
-        return bool(pd.isna(value))
-    except (TypeError, ValueError):
-        return False
-
 
