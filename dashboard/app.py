@@ -1,7 +1,8 @@
 """The Dash app factory: `create_dash(reader)`; `forksight serve` mounts `.server` at `/`.
 
 Each page in dashboard/pages/ registers itself and its callbacks on the app it is given
-(`register(app)`), so two apps in one process (tests, benchmarks) never share callbacks.
+(`register(app)`), and its reader and caches live on its own server (dashboard/data.py), so
+two apps in one process (tests, benchmarks) never share callbacks or data.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from dash import Dash, dcc, html
 
 from forksight.dashboard import data
 
-PAGES = ("dashboard.pages.runs", "dashboard.pages.run", "dashboard.pages.tokens",
-         "dashboard.pages.compare")
+PAGES = ("forksight.dashboard.pages.runs", "forksight.dashboard.pages.run",
+         "forksight.dashboard.pages.tokens", "forksight.dashboard.pages.compare")
 NAV = (("Runs", "/"), ("Run", "/run"), ("Tokens", "/tokens"), ("Compare", "/compare"))
 
 
@@ -22,11 +23,11 @@ def create_dash(reader, *, url_base: str = "/") -> Dash:
     """The dashboard reading only through `reader`; its Flask app is `.server`."""
     if not (url_base.startswith("/") and url_base.endswith("/")):
         raise ValueError(f"url_base must start and end with '/', got {url_base!r}")
-    data.set_reader(reader)
     here = Path(__file__).parent
     app = Dash(__name__, use_pages=True, pages_folder="", url_base_pathname=url_base,
                assets_folder=str(here / "assets"), title="forksight", update_title=None,
                suppress_callback_exceptions=True)
+    data.install(app.server, reader)     # on this app's server: never shared with another app
     for name in PAGES:
         importlib.import_module(name).register(app)
     app.layout = html.Div(className="shell", children=[

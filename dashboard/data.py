@@ -1,24 +1,77 @@
-"""Where pages find the Reader: `create_dash` puts it here, pages call `reader()`.
+"""What one dashboard app owns: its Reader and its caches, kept on its Flask server's config.
 
-Pages never import `app` (Dash's pages pattern); this tiny module is the only shared state.
+Pages never import `app` (Dash's pages pattern) and Dash's page registry is process-global, so
+layouts and callbacks find their app's state through the request (`flask.current_app`): two
+apps in one process never share a reader or a cached frame.
 """
 from __future__ import annotations
 
-from typing import Any
+import threading
+from collections import OrderedDict
+from typing import Any, Callable
 
-_reader: Any = None
+import flask
+
+CONFIG_KEY = "FORKSIGHT_DASH_STATE"
 
 
-def set_reader(reader: Any) -> None:
-    """Install the monitor Reader every page reads through (called by create_dash)."""
-    global _reader
-    _reader = reader
+class LRU:
+    """A small thread-safe least-recently-used map (callbacks run on several threads)."""
+
+    def __init__(self, size: int):
+        self.size, self._items, self._lock = size, OrderedDict(), threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            if key not in self._items:
+                return None
+            self._items.move_to_end(key)
+            return self._items[key]
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def get_or_compute(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """The cached value, else compute() stored (two threads may both compute: harmless)."""
+        hit = self.get(key)
+        if hit is None:
+            hit = compute()
+            self.put(key, hit)
+        return hit
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+class AppState:
+    """One app's reader and caches: the run page's frames and the tokens page's step rows."""
+
+    def __init__(self, reader: Any, *, run_frames: int = 8, token_steps: int = 512):
+        self.reader = reader
+        self.run_frames = LRU(run_frames)      # (run, points, keys) -> frames already read
+        self.token_rows = LRU(token_steps)     # (run, step) -> (tokens, samples)
+
+
+def install(server: flask.Flask, reader: Any) -> AppState:
+    """Give a Dash app's Flask server its own state (called by create_dash)."""
+    state = AppState(reader)
+    server.config[CONFIG_KEY] = state
+    return state
+
+
+def current() -> AppState:
+    """The state of the app serving this request; a clear error outside of one."""
+    if not flask.has_app_context() or CONFIG_KEY not in flask.current_app.config:
+        raise RuntimeError("no dashboard state here: build the app with "
+                           "forksight.dashboard.app.create_dash(reader) and call from a request")
+    return flask.current_app.config[CONFIG_KEY]
 
 
 def reader() -> Any:
-    """The Reader installed by create_dash; a clear error if the app was built without one."""
-    if _reader is None:
-        raise RuntimeError(
-            "dashboard has no reader: build the app with dashboard.app.create_dash(store.reader)"
-        )
-    return _reader
+    """The Reader of the app serving this request."""
+    return current().reader

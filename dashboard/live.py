@@ -14,9 +14,10 @@ import numpy as np
 import pandas as pd
 from dash import Patch
 
-from forksight.dashboard.figures import (SEVERITY_COLOR, SEVERITY_SYMBOL, alert_text, bin_labels,
-                               by_key, ema_debiased, histogram_matrix, median_labels, series,
-                               x_values)
+from forksight.dashboard.figures import (SEVERITY_COLOR, SEVERITY_SYMBOL, by_key, ema_debiased,
+                                         series, x_values)
+from forksight.dashboard.run_figures import (alert_text, bin_labels, histogram_matrix,
+                                             median_labels)
 
 GROWING_ROLES = ("raw", "smooth", "heatmap", "median", "alerts")
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -15,6 +13,8 @@ import pandas as pd
 from dash import html
 
 from forksight.dashboard import figures as F
+from forksight.dashboard import run_figures as R
+from forksight.dashboard.data import LRU
 from forksight.dashboard.live import extend_patch, trace_plan
 
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="forksight-dash-read")
@@ -94,19 +94,13 @@ def banner(alerts: pd.DataFrame) -> list:
     return items
 
 
-_CACHE: OrderedDict = OrderedDict()     # (reader, run, points, keys) -> frames already read
-_CACHE_LOCK = threading.Lock()
-CACHE_RUNS = 8
-
-
-def read_run(reader, run_id: str, keys: list[str], max_points: int
+def read_run(reader, run_id: str, keys: list[str], max_points: int, cache: LRU | None = None
              ) -> tuple[dict | None, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(run row, scalars, histograms, alerts) for a full draw. A redraw of the same run (a
-    smoothing, axis or scale change) reads only the steps stored since the last read and
-    appends them, so moving a slider does not re-query a 10,000-step run."""
-    cache_key = (id(reader), run_id, max_points, tuple(keys))
-    with _CACHE_LOCK:
-        hit = _CACHE.get(cache_key)
+    """(run row, scalars, histograms, alerts) for a full draw. With the app's `cache`, a redraw
+    of the same run (a smoothing, axis or scale change) reads only the steps stored since the
+    last read and appends them, so moving a slider does not re-query a 10,000-step run."""
+    cache_key = (run_id, max_points, tuple(keys))
+    hit = cache.get(cache_key) if cache is not None else None
     since = None if hit is None else (hit["frame"]["step"].max() + 1 if len(hit["frame"])
                                       else None)
     hist_since = None if hit is None else (hit["hist"]["step"].max() + 1 if len(hit["hist"])
@@ -127,33 +121,31 @@ def read_run(reader, run_id: str, keys: list[str], max_points: int
         frame = pd.concat([hit["frame"], frame], ignore_index=True) if len(frame) else \
             hit["frame"]
         hist = pd.concat([hit["hist"], hist], ignore_index=True) if len(hist) else hit["hist"]
-    with _CACHE_LOCK:
-        _CACHE[cache_key] = {"frame": frame, "hist": hist}
-        _CACHE.move_to_end(cache_key)
-        while len(_CACHE) > CACHE_RUNS:
-            _CACHE.popitem(last=False)
+    if cache is not None:
+        cache.put(cache_key, {"frame": frame, "hist": hist})
     return run, frame, hist, alerts
 
 
-def draw_run(reader, run_id: str, controls: Controls) -> dict:
-    """Every run-page figure drawn in full, plus the state the live tick resumes from."""
+def draw_run(reader, run_id: str, controls: Controls, cache: LRU | None = None) -> dict:
+    """Every run-page figure drawn in full, plus the state the live tick resumes from
+    (`cache`: the app's run frames, see read_run)."""
     keys = reader.scalar_keys(run_id)
     wanted = [*RUN_KEYS_CORE, *F.DIAGNOSTIC_KEYS, *F.pass_keys(keys), *controls.custom_keys]
     wanted = [k for k in dict.fromkeys(wanted) if k in set(keys)]
-    run, frame, hist, alerts = read_run(reader, run_id, wanted, controls.max_points)
+    run, frame, hist, alerts = read_run(reader, run_id, wanted, controls.max_points, cache)
     scalars = F.by_key(frame)
     c = controls
     figures = {
-        "entropy": F.entropy_figure(scalars, alerts=alerts, vocab_size=vocab_size(run),
+        "entropy": R.entropy_figure(scalars, alerts=alerts, vocab_size=vocab_size(run),
                                     smoothing=c.smoothing, x_axis=c.x_axis, log_y=c.log_y,
                                     max_points=c.max_points, uirevision=run_id),
-        "heatmap": F.entropy_heatmap(hist, max_steps=HEATMAP_STEPS, uirevision=run_id),
-        "passk": F.passk_figure(scalars, smoothing=c.smoothing, x_axis=c.x_axis,
+        "heatmap": R.entropy_heatmap(hist, max_steps=HEATMAP_STEPS, uirevision=run_id),
+        "passk": R.passk_figure(scalars, smoothing=c.smoothing, x_axis=c.x_axis,
                                 max_points=c.max_points, uirevision=run_id),
-        "signals": F.scalar_grid(scalars, F.DIAGNOSTIC_KEYS, smoothing=c.smoothing,
+        "signals": R.scalar_grid(scalars, F.DIAGNOSTIC_KEYS, smoothing=c.smoothing,
                                  x_axis=c.x_axis, log_y=c.log_y, max_points=c.max_points,
                                  uirevision=run_id),
-        "custom": F.scalar_grid(scalars, list(c.custom_keys), smoothing=c.smoothing,
+        "custom": R.scalar_grid(scalars, list(c.custom_keys), smoothing=c.smoothing,
                                 x_axis=c.x_axis, log_y=c.log_y, cols=3,
                                 max_points=c.max_points,
                                 title="Other scalars", uirevision=run_id),
@@ -162,7 +154,7 @@ def draw_run(reader, run_id: str, controls: Controls) -> dict:
     last_hist = int(hist["step"].max()) if not hist.empty else -1
     state = {"run_id": run_id, "last_step": last, "last_hist_step": last_hist,
              "controls": controls.key(),
-             "alerts_seen": len(alerts), "forecast": F.latest_forecast(alerts),
+             "alerts_seen": len(alerts), "forecast": R.latest_forecast(alerts),
              "keys": wanted, "plans": {name: trace_plan(fig) for name, fig in figures.items()}}
     return {"figures": figures, "state": state, "banner": banner(alerts), "run": run,
             "other_keys": other_keys(keys)}
@@ -182,7 +174,7 @@ def tick_run(reader, state: dict, controls: Controls) -> dict:
         else alerts.iloc[:0]
     state = {**state, "plans": dict(state["plans"])}
     out: dict = {"figures": {}, "banner": None, "redraw": False}
-    forecast = F.latest_forecast(alerts)
+    forecast = R.latest_forecast(alerts)
     if forecast != state["forecast"]:
         out["redraw"] = True          # a new forecast moves shapes and the x-range: redraw
     quiet = frame.empty and hist.empty and not len(new_alerts)

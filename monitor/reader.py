@@ -213,3 +213,29 @@ class Reader:
                                    for t in (*DATA_TABLES, "alerts"))
         df = self._query(parts, [run_id] * (len(DATA_TABLES) + 1))
         return {t: int(n) for t, n in zip(df.t, df.n)}
+
+    def read_scalars_of_runs(self, keys: Sequence[str], downsample: int = 24) -> pd.DataFrame:
+        """(run_id, key, step, value) for every run in one query, ranks merged by weighted
+        mean, ≤ downsample evenly spaced steps per run and key (the runs page's sparklines)."""
+        keys = list(keys) or [""]
+        marks = ", ".join("?" * len(keys))
+        df = self._query(f"""
+            WITH ks AS (SELECT DISTINCT run_id, key, step FROM scalars WHERE key IN ({marks})),
+            ranked AS (SELECT run_id, key, step,
+                              row_number() OVER (PARTITION BY run_id, key ORDER BY step) AS rn,
+                              count(*) OVER (PARTITION BY run_id, key) AS n FROM ks),
+            keep AS (SELECT run_id, key, step FROM ranked
+                     WHERE (rn - 1) % greatest(1, CAST(ceil(n / ?) AS BIGINT)) = 0 OR rn = n)
+            SELECT run_id, key, step, {MERGED_VALUE_SQL} AS value, count(DISTINCT rank) AS ranks
+            FROM scalars SEMI JOIN keep USING (run_id, key, step)
+            WHERE key IN ({marks})
+            GROUP BY run_id, key, step
+            ORDER BY run_id, key, step""", [*keys, max(1, int(downsample)), *keys])
+        multi = df.ranks > 1
+        if multi.any():     # percentiles of multi-rank steps: re-merged from histograms, per run
+            import pandas as pd
+
+            merged = [self._merge_percentiles(rid, rows)
+                      for rid, rows in df[multi].groupby("run_id", sort=False)]
+            df = pd.concat([df[~multi], *merged]).sort_values(["run_id", "key", "step"])
+        return df.drop(columns="ranks").reset_index(drop=True)

@@ -48,13 +48,15 @@ def _xss_records():
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A seeded DuckDB file behind `forksight serve` with the dashboard."""
-    from forksight.dashboard.synthetic import seed_run
+    from forksight.monitor.ingest import Ingest
     from forksight.monitor.store import Store
+    from synthetic import seed_run
 
     chromium = require_browser()
     db = tmp_path_factory.mktemp("dash") / "runs.duckdb"
     with Store(str(db)) as store:
-        seed_run(store, RUN, STEPS, strategy="all", collapse=True, seed=1, steps_total=OF_TOTAL)
+        seed_run(store, RUN, STEPS, strategy="all", collapse=True, seed=1, steps_total=OF_TOTAL,
+                 writer=Ingest(store))            # through the alert hub: the run has alerts
         other = seed_run(store, OTHER, 20, strategy="fork", collapse=False, seed=2)
         store.update_run(other, status="finished")
         store.write(RUN, _xss_records(), batch_id="xss").result()

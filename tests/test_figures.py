@@ -13,7 +13,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
+from forksight.dashboard import compare_figures as C
 from forksight.dashboard import figures as F
+from forksight.dashboard import run_figures as R
 from forksight.dashboard.live import extend_patch, trace_plan
 from forksight.dashboard.tokens_view import pick_sample, token_spans
 
@@ -98,7 +100,7 @@ def test_sparkline_follows_the_values():
 # ---------------------------------------------------------------- run page figures
 def test_entropy_figure_holds_the_input_values():
     scal = scalars_frame(200)
-    fig = F.entropy_figure(scal, smoothing=0.0, vocab_size=3)
+    fig = R.entropy_figure(scal, smoothing=0.0, vocab_size=3)
     go.Figure(fig)                          # plotly accepts it
     for key in ("entropy/mean", "renyi2/mean", "js/mean", "entropy/p20", "entropy/p80"):
         rows = scal[scal.key == key].sort_values("step")
@@ -112,7 +114,7 @@ def test_entropy_figure_holds_the_input_values():
 
 def test_smoothed_trace_is_the_debiased_ema_of_the_raw_one():
     scal = scalars_frame(100)
-    fig = F.entropy_figure(scal, smoothing=0.8)
+    fig = R.entropy_figure(scal, smoothing=0.8)
     raw = scal[scal.key == "entropy/mean"].sort_values("step")["value"].to_numpy()
     want = F.ema_debiased(raw, 0.8)[0]
     assert np.allclose(trace_for(fig, "entropy/mean", "smooth")["y"], want)
@@ -120,8 +122,8 @@ def test_smoothed_trace_is_the_debiased_ema_of_the_raw_one():
 
 
 def test_scattergl_only_past_the_threshold():
-    small = F.entropy_figure(scalars_frame(100))
-    big = F.entropy_figure(scalars_frame(F.SCATTERGL_AFTER // 3))
+    small = R.entropy_figure(scalars_frame(100))
+    big = R.entropy_figure(scalars_frame(F.SCATTERGL_AFTER // 3))
     assert {t["type"] for t in small["data"] if t["meta"]["role"] == "raw"} == {"scatter"}
     assert {t["type"] for t in big["data"] if t["meta"]["role"] == "raw"} == {"scattergl"}
     go.Figure(big)
@@ -129,7 +131,7 @@ def test_scattergl_only_past_the_threshold():
 
 def test_wall_time_axis_uses_the_stored_times():
     scal = scalars_frame(10)
-    fig = F.entropy_figure(scal, x_axis="wall")
+    fig = R.entropy_figure(scal, x_axis="wall")
     x = pd.to_datetime(trace_for(fig, "entropy/mean", "raw")["x"])
     assert (x - pd.Timestamp(0)).total_seconds().tolist() == pytest.approx(
         (1.7e9 + 0.5 * np.arange(10)).tolist())
@@ -145,7 +147,7 @@ def test_alert_markers_sit_on_the_entropy_curve_and_forecast_is_drawn_ahead():
         {"step": 120, "severity": "critical", "detector": "fork_starvation",
          "message": "few forks", "action": "raise clip-high", "value": 0.01,
          "threshold": 0.05, "forecast": None}])
-    fig = F.entropy_figure(scal, alerts=alerts)
+    fig = R.entropy_figure(scal, alerts=alerts)
     marks = trace_for(fig, "alerts", "alerts")
     mean = scal[scal.key == "entropy/mean"].set_index("step")["value"]
     assert marks["x"] == [40, 120]
@@ -155,26 +157,26 @@ def test_alert_markers_sit_on_the_entropy_curve_and_forecast_is_drawn_ahead():
     assert forecast["x"] == [299, 420]                      # from the last point to ahead
     assert any(s.get("x0") == 420 for s in fig["layout"]["shapes"])
     # a forecast already behind the curve is not drawn
-    past = F.entropy_figure(scal, alerts=alerts.assign(forecast=[200, None]))
+    past = R.entropy_figure(scal, alerts=alerts.assign(forecast=[200, None]))
     assert not [t for t in past["data"] if t["meta"].get("role") == "forecast"]
 
 
 def test_histogram_heatmap_shows_each_steps_share_per_bin():
     hist = pd.DataFrame({"step": [0, 0, 0, 5, 5, 5], "bin_lo": [0.0, 0.1, 1.0] * 2,
                          "bin_hi": [0.1, 1.0, 2.0] * 2, "count": [1, 1, 2, 6, 2, 0]})
-    fig = F.entropy_heatmap(hist)
+    fig = R.entropy_heatmap(hist)
     go.Figure(fig)
     z = np.array(fig["data"][0]["z"])
     assert fig["data"][0]["x"] == [0, 5]
     assert np.allclose(z, [[0.25, 0.25, 0.5], [0.75, 0.25, 0.0]])
     # the median token's bin: half the mass reached in bin 1 at step 0, in bin 0 at step 5
-    labels = F.bin_labels([0.0, 0.1, 1.0], [0.1, 1.0, 2.0])
+    labels = R.bin_labels([0.0, 0.1, 1.0], [0.1, 1.0, 2.0])
     assert fig["data"][1]["y"] == [labels[1], labels[0]]
 
 
 def test_passk_figure_orders_k_and_draws_the_gap():
     scal = scalars_frame(50)
-    fig = F.passk_figure(scal)
+    fig = R.passk_figure(scal)
     go.Figure(fig)
     names = [t["meta"]["key"] for t in fig["data"] if t["meta"]["role"] == "raw"]
     assert names[1:4] == ["pass@1", "pass@4", "pass@8"]
@@ -185,7 +187,7 @@ def test_passk_figure_orders_k_and_draws_the_gap():
 
 
 def test_scalar_grid_has_one_panel_per_key_and_names_missing_ones():
-    fig = F.scalar_grid(scalars_frame(30), ["loss", "fork/frac", "kl"], smoothing=0.0)
+    fig = R.scalar_grid(scalars_frame(30), ["loss", "fork/frac", "kl"], smoothing=0.0)
     go.Figure(fig)
     assert [a["text"] for a in fig["layout"]["annotations"]] == ["loss", "fork/frac",
                                                                   "kl (not logged)"]
@@ -195,7 +197,7 @@ def test_scalar_grid_has_one_panel_per_key_and_names_missing_ones():
 def test_compare_colours_by_strategy():
     runs = [{"run_id": r, "label": r, "strategy": s, "scalars": scalars_frame(20, seed=i)}
             for i, (r, s) in enumerate([("a", "all"), ("b", "fork"), ("c", "fork")])]
-    fig = F.compare_figure(runs)
+    fig = C.compare_figure(runs)
     go.Figure(fig)
     colours = {t["meta"]["run"]: t["line"]["color"] for t in fig["data"]}
     assert colours["b"] == colours["c"] == F.strategy_color("fork") != colours["a"]
@@ -206,9 +208,9 @@ def test_compare_colours_by_strategy():
 def test_live_patch_appends_exactly_what_a_full_redraw_shows(smoothing):
     scal = scalars_frame(90)
     first = scal[scal.step < 60]
-    for build in (lambda s: F.entropy_figure(s, smoothing=smoothing),
-                  lambda s: F.passk_figure(s, smoothing=smoothing),
-                  lambda s: F.scalar_grid(s, ["loss", "fork/frac"], smoothing=smoothing)):
+    for build in (lambda s: R.entropy_figure(s, smoothing=smoothing),
+                  lambda s: R.passk_figure(s, smoothing=smoothing),
+                  lambda s: R.scalar_grid(s, ["loss", "fork/frac"], smoothing=smoothing)):
         drawn = build(first)
         patch, plan = extend_patch(trace_plan(drawn), scal[scal.step >= 55], last_step=59,
                                    smoothing=smoothing, x_axis="step")
@@ -226,15 +228,15 @@ def test_live_patch_extends_heatmap_and_alert_markers():
     edges = [0.0, 0.1, 1.0, 2.0]
     hist = pd.DataFrame({"step": np.repeat([0, 1, 2], 3), "bin_lo": edges[:-1] * 3,
                          "bin_hi": edges[1:] * 3, "count": [1, 1, 2, 3, 1, 0, 0, 0, 4]})
-    drawn = F.entropy_heatmap(hist[hist.step < 2])
+    drawn = R.entropy_heatmap(hist[hist.step < 2])
     patch, _ = extend_patch(trace_plan(drawn), scalars_frame(0), last_step=1, smoothing=0,
                             x_axis="step", hist=hist)
     grown = apply_patch(drawn, patch)
     assert grown["data"][0]["x"] == [0, 1, 2]
     assert grown["data"][0]["z"][2] == pytest.approx([0.0, 0.0, 1.0])
-    assert grown["data"][1]["y"] == F.entropy_heatmap(hist)["data"][1]["y"]
+    assert grown["data"][1]["y"] == R.entropy_heatmap(hist)["data"][1]["y"]
     scal = scalars_frame(10)
-    fig = F.entropy_figure(scal[scal.step < 5])
+    fig = R.entropy_figure(scal[scal.step < 5])
     alert = pd.DataFrame([{"step": 7, "severity": "critical", "detector": "d",
                            "message": "m", "action": "a", "value": 0.1, "threshold": 0.2,
                            "forecast": None}])
@@ -278,10 +280,10 @@ def test_run_view_draws_from_the_store_and_ticks_only_new_steps(tmp_path):
     import numpy as np
 
     from forksight.dashboard.run_view import Controls, draw_run, tick_run
-    from forksight.dashboard.synthetic import seed_run, write_steps
+    from synthetic import seed_run, write_steps
     from forksight.monitor.store import Store
 
-    with Store(str(tmp_path / "r.duckdb"), alerts=False) as store:
+    with Store(str(tmp_path / "r.duckdb")) as store:
         run_id = seed_run(store, "r", 12, steps_total=40, seed=3)
         drawn = draw_run(store.reader, run_id, Controls(smoothing=0.5))
         mean = trace_for(drawn["figures"]["entropy"], "entropy/mean", "raw")
@@ -307,3 +309,4 @@ def test_controls_refuse_bad_input_with_the_reason():
     with pytest.raises(ValueError, match="x_axis must be"):
         Controls.from_inputs(0.5, "time", [], 1000, [])
     assert Controls.from_inputs(0.5, "wall", ["log"], "all", ["lr"]).log_y is True
+

@@ -5,7 +5,8 @@ import dash
 from dash import Input, Output, dcc, html
 
 from forksight.dashboard import data
-from forksight.dashboard.figures import COMPARE_PANELS, compare_figure, pass_keys
+from forksight.dashboard.compare_figures import COMPARE_PANELS, compare_figure
+from forksight.dashboard.figures import pass_keys
 
 REFRESH_MS = 5000
 MAX_RUNS = 12

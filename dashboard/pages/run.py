@@ -85,8 +85,10 @@ def register(app: dash.Dash) -> None:
             empty = {"data": [], "layout": {"height": 120}}
             return (*[empty] * len(GRAPHS), None, [], "no runs yet: start `forksight train`",
                     [])
-        out = draw_run(data.reader(), run_id,
-                       Controls.from_inputs(smoothing, x_axis, log_y, points, custom))
+        app_state = data.current()
+        out = draw_run(app_state.reader, run_id,
+                       Controls.from_inputs(smoothing, x_axis, log_y, points, custom),
+                       app_state.run_frames)
         return (*[out["figures"][g] for g in GRAPHS], out["state"], out["banner"],
                 status_line(out["run"], out["state"]), out["other_keys"])
 
@@ -100,13 +102,14 @@ def register(app: dash.Dash) -> None:
     def tick(_n, state, smoothing, x_axis, log_y, points, custom):
         if not state:
             return (no_update,) * (len(GRAPHS) + 3)
-        reader = data.reader()
+        app_state = data.current()
+        reader = app_state.reader
         ctl = Controls.from_inputs(smoothing, x_axis, log_y, points, custom)
         if state.get("controls") != ctl.key():  # a redraw for new controls is in flight
             return (no_update,) * (len(GRAPHS) + 3)
         out = tick_run(reader, state, ctl)
         if out["redraw"]:                       # a new forecast: redraw once
-            full = draw_run(reader, state["run_id"], ctl)
+            full = draw_run(reader, state["run_id"], ctl, app_state.run_frames)
             return (*[full["figures"][g] for g in GRAPHS], full["state"], full["banner"],
                     status_line(full["run"], full["state"]))
         if all(p is None for p in out["figures"].values()) and out["banner"] is None:

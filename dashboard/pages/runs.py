@@ -13,6 +13,7 @@ from forksight.dashboard import data
 from forksight.dashboard.figures import sparkline
 
 REFRESH_MS = 3000
+SPARK_POINTS = 24
 COLUMNS = [("name", "run"), ("status", "status"), ("strategy", "strategy"), ("model", "model"),
            ("last_step", "last step"), ("entropy", "entropy H"), ("trend", "H trend"),
            ("pass1", "pass@1"), ("alerts", "alerts")]
@@ -28,12 +29,13 @@ def runs_rows(reader) -> list[dict]:
     runs = reader.list_runs()
     alerts = reader.read_alerts()
     counts = alerts.groupby(["run_id", "severity"]).size() if not alerts.empty else pd.Series()
+    # every run's sparkline in one query: one query per run took 23 s at 1,861 runs
+    trends = reader.read_scalars_of_runs(["entropy/mean", "pass@1"], downsample=SPARK_POINTS)
+    values = {k: g["value"].tolist() for k, g in trends.groupby(["run_id", "key"], sort=False)}
     rows = []
     for run in runs.to_dict("records"):
         rid = run["run_id"]
-        scal = reader.read_scalars(rid, keys=["entropy/mean", "pass@1"], downsample=24)
-        ent = scal[scal["key"] == "entropy/mean"].sort_values("step")["value"].tolist()
-        p1 = scal[scal["key"] == "pass@1"].sort_values("step")["value"].tolist()
+        ent, p1 = values.get((rid, "entropy/mean"), []), values.get((rid, "pass@1"), [])
         crit = int(counts.get((rid, "critical"), 0)) if len(counts) else 0
         warn = int(counts.get((rid, "warning"), 0)) if len(counts) else 0
         rows.append({

@@ -3,24 +3,26 @@ log-prob; fork tokens outlined; trained-on tokens underlined; hover = every numb
 group's other rollouts beside it, and a position × step heatmap for that prompt."""
 from __future__ import annotations
 
-from functools import lru_cache
-
 import dash
 import pandas as pd
 from dash import Input, Output, State, dcc, html
 
 from forksight.dashboard import data
-from forksight.dashboard.figures import downsample_indices, position_step_heatmap
-from forksight.dashboard.tokens_view import (METRICS, legend, metric_scale, pick_sample, sample_label,
-                                   token_spans)
+from forksight.dashboard.data import LRU
+from forksight.dashboard.figures import downsample_indices
+from forksight.dashboard.token_figures import position_step_heatmap
+from forksight.dashboard.tokens_view import (METRICS, legend, metric_scale, pick_sample,
+                                             sample_label, token_spans)
 
 HISTORY_STEPS = 24      # columns of the position × step heatmap (one read per step, cached)
 
 
-@lru_cache(maxsize=512)
-def _step_rows(reader, run_id: str, step: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    # a past step's rows never change: cache them so the heatmap and slider stay fast
-    return reader.read_tokens(run_id, step), reader.read_samples(run_id, step=step)
+def _step_rows(reader, run_id: str, step: int, cache: LRU | None = None
+               ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    def read():
+        return reader.read_tokens(run_id, step), reader.read_samples(run_id, step=step)
+    # a past step's rows never change: the app caches them so the heatmap and slider stay fast
+    return read() if cache is None else cache.get_or_compute((run_id, step), read)
 
 
 def sample_options(tokens: pd.DataFrame, samples: pd.DataFrame) -> list[dict]:
@@ -47,12 +49,13 @@ def _rollout(row: dict, tokens: pd.DataFrame, metric: str, scale: float, main: b
     ])
 
 
-def render_step(reader, run_id: str, step: int, choice: str | None, metric: str) -> dict:
+def render_step(reader, run_id: str, step: int, choice: str | None, metric: str,
+                cache: LRU | None = None) -> dict:
     """Everything the page shows for one step and pick: options, prompt, the chosen
     completion as token spans, and the group's other rollouts."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
-    tokens, samples = _step_rows(reader, run_id, int(step))
+    tokens, samples = _step_rows(reader, run_id, int(step), cache)
     options = sample_options(tokens, samples)
     values = [o["value"] for o in options]
     if choice not in values:
@@ -80,7 +83,8 @@ MIN_PROMPT_STEPS = 3    # fewer steps with this prompt: show every sampled rollo
 
 
 def prompt_history(reader, run_id: str, prompt: str | None, metric: str,
-                   max_steps: int = HISTORY_STEPS) -> tuple[pd.DataFrame, bool]:
+                   max_steps: int = HISTORY_STEPS, cache: LRU | None = None
+                   ) -> tuple[pd.DataFrame, bool]:
     """Token rows (step, pos, metric) of this prompt's rollouts over up to max_steps token
     steps, and whether they are this prompt's (False: every sampled rollout, because the
     prompt is unknown or recurs at fewer than MIN_PROMPT_STEPS steps)."""
@@ -88,7 +92,7 @@ def prompt_history(reader, run_id: str, prompt: str | None, metric: str,
     steps = [steps[i] for i in downsample_indices(len(steps), max_steps)]
     parts, matched = [], 0
     for step in steps:
-        tokens, samples = _step_rows(reader, run_id, int(step))
+        tokens, samples = _step_rows(reader, run_id, int(step), cache)
         if tokens.empty:
             continue
         if prompt and not samples.empty:
@@ -97,7 +101,7 @@ def prompt_history(reader, run_id: str, prompt: str | None, metric: str,
             matched += int(not tokens.empty)
         parts.append(tokens[["step", "pos", metric]])
     if prompt and matched < MIN_PROMPT_STEPS:
-        return prompt_history(reader, run_id, None, metric, max_steps)
+        return prompt_history(reader, run_id, None, metric, max_steps, cache)
     rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
         {"step": [], "pos": [], metric: []})
     return rows, bool(prompt)
@@ -172,7 +176,8 @@ def register(app: dash.Dash) -> None:
         if not steps or run_id is None:
             return [], None, "", html.P("no token rows logged for this run yet"), [], [], "step"
         step = steps[min(int(index or 0), len(steps) - 1)]
-        out = render_step(data.reader(), run_id, step, choice, metric)
+        app_state = data.current()
+        out = render_step(app_state.reader, run_id, step, choice, metric, app_state.token_rows)
         return (out["options"], out["choice"], out["prompt"], out["main"], out["group"],
                 legend(metric), f"step {step}")
 
@@ -181,7 +186,9 @@ def register(app: dash.Dash) -> None:
     def history(prompt, metric, run_id):
         if not run_id:
             return position_step_heatmap(None)
-        rows, mine = prompt_history(data.reader(), run_id, prompt or None, metric)
+        app_state = data.current()
+        rows, mine = prompt_history(app_state.reader, run_id, prompt or None, metric,
+                                    cache=app_state.token_rows)
         title = f"{metric} by position across training: this prompt's rollouts" if mine \
             else f"{metric} by position across training: every sampled rollout"
         return position_step_heatmap(rows, metric, title=title)

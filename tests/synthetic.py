@@ -1,5 +1,6 @@
 """A synthetic GRPO run whose entropy collapses, written through the store's write API:
-what the browser tests, screenshots and the dashboard benchmark look at.
+what the browser tests, screenshots and the dashboard benchmark look at (a test fixture, not
+part of the product package; bench/ puts tests/ on sys.path to use it).
 
 Per step it draws token entropies from a mixture (a growing share near 0, the rest spread
 with a scale that decays), and derives every logged number from those draws, so the
@@ -12,7 +13,8 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from forksight.hooks.metrics import ENTROPY_EDGES, FORK_ENTROPY, histogram
+from forksight.constants import ENTROPY_EDGES, FORK_ENTROPY
+from forksight.hooks.metrics import histogram
 from forksight.monitor.store import (Records, histograms_table, samples_table, scalars_table,
                            tokens_table)
 
@@ -38,8 +40,9 @@ def token_entropies(rng: np.random.Generator, n: int, step: int, steps: int,
 def step_records(rng: np.random.Generator, step: int, steps: int, *, strategy: str = "fork",
                  collapse: bool = True, groups: int = 4, group_size: int = 4,
                  token_samples: int = 16, hist_tokens: int = 2000,
-                 wall_time: float | None = None) -> Records:
-    """All records of one step: scalars, the entropy histogram, samples and token rows."""
+                 wall_time: float | None = None, token_entropy: float | None = None) -> Records:
+    """All records of one step: scalars, the entropy histogram, samples and token rows
+    (token_entropy: every token row's entropy near this value, as in a collapsed step)."""
     h = token_entropies(rng, hist_tokens, step, steps, collapse)
     progress = step / max(steps, 1)
     p1 = 0.3 + 0.5 * (1 - math.exp(-5 * progress)) if collapse else 0.3 + 0.3 * progress
@@ -76,7 +79,8 @@ def step_records(rng: np.random.Generator, step: int, steps: int, *, strategy: s
                             "source": "synthetic"})
             if sid >= token_samples:
                 continue
-            ent = token_entropies(rng, len(answer), step, steps, collapse)
+            ent = token_entropies(rng, len(answer), step, steps, collapse) \
+                if token_entropy is None else token_entropy * rng.lognormal(0, 0.2, len(answer))
             threshold = np.quantile(ent, 0.8)
             for pos, tok in enumerate(answer):
                 cols["sample_id"].append(sid)
@@ -96,14 +100,16 @@ def step_records(rng: np.random.Generator, step: int, steps: int, *, strategy: s
 
 
 def seed_run(store, name: str, steps: int, *, steps_total: int | None = None,
-             strategy: str = "fork", collapse: bool = True, seed: int = 0, **kw) -> str:
+             strategy: str = "fork", collapse: bool = True, seed: int = 0, writer=None,
+             **kw) -> str:
     """Create a run (vocab 311, like the tiny model) and write its first `steps` steps of a
-    run shaped to last `steps_total` (default: steps), i.e. a run still in progress."""
+    run shaped to last `steps_total` (default: steps), i.e. a run still in progress.
+    writer: what batches go through (an Ingest, so the alert hub judges them; default store)."""
     rng = np.random.default_rng(seed)
     run_id = store.create_run(name, strategy=strategy, model="tiny-qwen2",
                               config={"vocab_size": 311, "synthetic": True})
-    write_steps(store, run_id, range(steps), steps_total or steps, rng, strategy=strategy,
-                collapse=collapse, **kw)
+    write_steps(writer or store, run_id, range(steps), steps_total or steps, rng,
+                strategy=strategy, collapse=collapse, **kw)
     return run_id
 
 

@@ -1,0 +1,293 @@
+"""The run page's pure figures: entropy with alerts and forecast, the entropy-distribution
+heatmap, reward/pass@k with the diversity gap, and small multiples of any scalar."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from forksight.dashboard.figures import (DIAGNOSTIC_KEYS, ENTROPY_COLOR, FORK_THRESHOLD, JS_COLOR,
+                                         RENYI_COLOR, SEVERITY_COLOR, SEVERITY_SYMBOL,
+                                         base_layout, clean, downsample_indices, empty_figure,
+                                         epoch_seconds, flat_range, grid_axes, hline, keys_of,
+                                         line_trace, pass_keys, raw_and_smooth, series,
+                                         smoothed, use_webgl, wall_strings, x_values)
+
+HEAT_SCALE = [[0, "#ffffff"], [0.02, "#fff3bf"], [0.1, "#ffa94d"], [0.35, "#e8590c"],
+              [1, "#5c0a0a"]]
+_TICK_EDGES = (0.0, 1e-3, 1e-2, 0.1, FORK_THRESHOLD, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0)
+
+
+# ---------------------------------------------------------------- run page: entropy
+def entropy_figure(scalars: pd.DataFrame, *, alerts: pd.DataFrame | None = None,
+                   vocab_size: int | None = None, smoothing: float = 0.0, x_axis: str = "step",
+                   log_y: bool = False, max_points: int | None = None,
+                   uirevision: str = "run") -> dict:
+    """Entropy mean with its p20–p80 band, Rényi-2, JS (right axis), fork and log|V| lines,
+    alert markers and the forecasted collapse step drawn ahead of the curve."""
+    mean = series(scalars, "entropy/mean", max_points)
+    lo, hi = series(scalars, "entropy/p20", max_points), series(scalars, "entropy/p80", max_points)
+    renyi, js = series(scalars, "renyi2/mean", max_points), series(scalars, "js/mean", max_points)
+    gl = use_webgl(sum(map(len, (mean, lo, hi, renyi, js))))
+    data = []
+    for rows, key, fill in ((lo, "entropy/p20", "none"), (hi, "entropy/p80", "tonexty")):
+        y, meta = clean(rows["value"].to_numpy(np.float64)), {"key": key, "role": "raw"}
+        if smoothing > 0:
+            y, meta = smoothed(rows["value"].to_numpy(np.float64), smoothing, key)
+        data.append(line_trace(x_values(rows, x_axis), y, name="entropy p20–p80", gl=gl,
+                               color="rgba(217,72,15,0.35)", width=0.5, fill=fill, meta=meta,
+                               fillcolor="rgba(217,72,15,0.13)", showlegend=fill != "none",
+                               legendgroup="band", hoverinfo="skip"))
+    data += raw_and_smooth(mean, "entropy/mean", name="entropy H (mean)", color=ENTROPY_COLOR,
+                           smoothing=smoothing, x_axis=x_axis, gl=gl)
+    data += raw_and_smooth(renyi, "renyi2/mean", name="Rényi-2 H2", color=RENYI_COLOR,
+                           smoothing=smoothing, x_axis=x_axis, gl=gl)
+    js_traces = raw_and_smooth(js, "js/mean", name="JS to group (right axis)", color=JS_COLOR,
+                               smoothing=smoothing, x_axis=x_axis, gl=gl, yaxis="y2")
+    for trace in js_traces:                 # secondary: dotted, so H stays the eye's anchor
+        trace["line"].update(dash="dot", width=1.5)
+    data += js_traces
+    data.append(alert_trace(alerts, mean, x_axis))
+    shapes, notes = [], []
+    for shape, note in (hline(FORK_THRESHOLD, "fork threshold 0.672", "#495057", "dot"),):
+        shapes.append(shape)
+        notes.append(note)
+    top = [FORK_THRESHOLD, *hi["value"].dropna().tolist(), *mean["value"].dropna().tolist()]
+    if vocab_size:
+        log_v = math.log(vocab_size)
+        # log|V| is the ceiling; draw it when near the data, else say where it is
+        if log_v <= 1.6 * max(top):
+            shape, note = hline(log_v, f"log|V| = {log_v:.2f} (uniform)", "#868e96", "dash")
+            shapes.append(shape)
+            notes.append(note)
+        else:
+            notes.append({"text": f"log|V| = {log_v:.2f} ↑ (max entropy, off scale)",
+                          "xref": "paper", "yref": "paper", "x": 0.0, "y": 1.0,
+                          "xanchor": "left", "yanchor": "top", "showarrow": False,
+                          "font": {"size": 10, "color": "#868e96"}})
+    forecast = forecast_pieces(alerts, mean, x_axis)
+    if forecast:
+        data.append(forecast["trace"])
+        shapes.append(forecast["shape"])
+        notes.append(forecast["note"])
+    layout = base_layout("Token entropy", height=380, x_axis=x_axis, log_y=log_y,
+                         margin={"r": 70},
+                         uirevision=uirevision, shapes=shapes, annotations=notes,
+                         yaxis={"title": {"text": "nats"}, "rangemode": "tozero"},
+                         yaxis2={"title": {"text": "JS (nats)"}, "overlaying": "y",
+                                 "side": "right", "rangemode": "tozero", "showgrid": False,
+                                 "type": "log" if log_y else "linear", **_js_range(js, log_y)})
+    return {"data": data, "layout": layout}
+
+
+def _js_range(js: pd.DataFrame, log_y: bool) -> dict:
+    # JS is small next to H: keep it in the lower half of the chart so the entropy curve
+    # stays what the eye reads first
+    top = js["value"].max() if len(js) else None
+    if log_y or top is None or not np.isfinite(top) or top <= 0:
+        return {}
+    return {"range": [0, 2.2 * float(top)], "autorange": False}
+
+
+def alert_text(alert: dict) -> str:
+    """One line per alert for hovers and the banner: severity, step, message, what to do."""
+    action = alert.get("action") or ""
+    text = (f"{alert.get('severity', '')} · {alert.get('detector', '')} at step "
+            f"{int(alert.get('step', 0))}: {alert.get('message', '')}")
+    return f"{text} → {action}" if action else text
+
+
+def alert_trace(alerts: pd.DataFrame | None, mean: pd.DataFrame, x_axis: str) -> dict:
+    """Alerts as markers on the entropy curve (hover: detector, message, recommendation)."""
+    x, y, text, colors, symbols = [], [], [], [], []
+    if alerts is not None and not alerts.empty and not mean.empty:
+        steps = mean["step"].to_numpy()
+        for a in alerts.sort_values("step").to_dict("records"):
+            # the nearest drawn point: the curve may be downsampled
+            i = int(np.clip(np.searchsorted(steps, a["step"]), 0, len(steps) - 1))
+            x.append(x_values(mean.iloc[[i]], x_axis)[0] if x_axis == "wall" else int(a["step"]))
+            y.append(float(mean["value"].iloc[i]))
+            text.append(alert_text(a))
+            colors.append(SEVERITY_COLOR.get(a.get("severity"), "#e67700"))
+            symbols.append(SEVERITY_SYMBOL.get(a.get("severity"), "circle"))
+    return {"type": "scatter", "x": x, "y": y, "mode": "markers", "name": "alerts",
+            "hovertext": text, "hoverinfo": "text", "meta": {"key": "alerts", "role": "alerts"},
+            "marker": {"size": 13, "color": colors, "symbol": symbols,
+                       "line": {"width": 1.5, "color": "#ffffff"}}}
+
+
+def latest_forecast(alerts: pd.DataFrame | None) -> int | None:
+    """The forecast step of the most recent alert that has one (None when none forecast)."""
+    if alerts is None or alerts.empty or "forecast" not in alerts:
+        return None
+    has = alerts[alerts["forecast"].notna()]
+    if has.empty:
+        return None
+    return int(has.sort_values("step")["forecast"].iloc[-1])
+
+
+def forecast_pieces(alerts: pd.DataFrame | None, mean: pd.DataFrame, x_axis: str) -> dict | None:
+    """The forecasted collapse drawn ahead of the curve: a dotted path from the last point
+    down to the forecast step and a labelled vertical line there (None when no forecast)."""
+    forecast = latest_forecast(alerts)
+    if forecast is None or mean.empty or forecast <= int(mean["step"].iloc[-1]):
+        return None
+    if x_axis == "wall":
+        steps, wall = mean["step"].to_numpy(np.float64), epoch_seconds(mean["wall_time"])
+        rate = (wall[-1] - wall[0]) / max(steps[-1] - steps[0], 1.0)   # seconds per step
+        x_last, x_fc = wall_strings(pd.Series([wall[-1], wall[-1] + rate * (forecast - steps[-1])]))
+    else:
+        x_last, x_fc = int(mean["step"].iloc[-1]), forecast
+    color = SEVERITY_COLOR["critical"]
+    return {
+        "trace": {"type": "scatter", "x": [x_last, x_fc],
+                  "y": [float(mean["value"].iloc[-1]), 0.0], "mode": "lines",
+                  "name": f"forecast: collapse ≈ step {forecast}",
+                  "line": {"dash": "dot", "color": color, "width": 2},
+                  "meta": {"key": "forecast", "role": "forecast", "step": forecast}},
+        "shape": {"type": "line", "xref": "x", "x0": x_fc, "x1": x_fc, "yref": "paper",
+                  "y0": 0, "y1": 1, "line": {"dash": "dash", "color": color, "width": 1}},
+        "note": {"text": f"collapse forecast: step {forecast}", "xref": "x", "x": x_fc,
+                 "yref": "paper", "y": 1, "xanchor": "right", "yanchor": "top",
+                 "showarrow": False, "font": {"size": 11, "color": color}},
+    }
+
+
+# ---------------------------------------------------------------- run page: histogram heatmap
+def histogram_matrix(hist: pd.DataFrame | None) -> tuple[list[int], list[float], list[float],
+                                                         np.ndarray]:
+    """Per-step histograms as (steps, bin_lo, bin_hi, share[step, bin]); each row sums to 1."""
+    if hist is None or hist.empty:
+        return [], [], [], np.zeros((0, 0))
+    # numpy, not pivot_table: 10x faster on 600 steps x 104 bins
+    steps, step_idx = np.unique(hist["step"].to_numpy(np.int64), return_inverse=True)
+    los, bin_idx = np.unique(hist["bin_lo"].to_numpy(np.float64), return_inverse=True)
+    his = np.zeros(len(los))
+    his[bin_idx] = hist["bin_hi"].to_numpy(np.float64)
+    counts = np.zeros((len(steps), len(los)))
+    np.add.at(counts, (step_idx, bin_idx), hist["count"].to_numpy(np.float64))
+    totals = counts.sum(axis=1, keepdims=True)
+    share = np.divide(counts, totals, out=np.zeros_like(counts), where=totals > 0)
+    return steps.tolist(), los.tolist(), his.tolist(), share
+
+
+def bin_labels(los: Sequence[float], his: Sequence[float]) -> list[str]:
+    """Bin names ("0.01–0.0126") for the heatmap's categorical y-axis (hover shows them)."""
+    return [f"{lo:.3g}–{hi:.3g}" for lo, hi in zip(los, his)]
+
+
+def entropy_heatmap(hist: pd.DataFrame | None, *, max_steps: int | None = None,
+                    uirevision: str = "run") -> dict:
+    """Entropy distribution of all tokens per step (share per bin, one column per step, at
+    most max_steps evenly spaced): a collapse shows as the mass sliding into the lowest
+    bins, an explosion as it rising."""
+    steps, los, his, share = histogram_matrix(hist)
+    if not steps:
+        return empty_figure("no entropy histograms logged yet", height=320)
+    keep = downsample_indices(len(steps), max_steps)
+    steps, share = [steps[i] for i in keep], share[keep]
+    used = np.flatnonzero(share.sum(axis=0) > 0)
+    top = int(used.max()) + 2 if len(used) else len(los)      # drop the empty bins above
+    los, his, share = los[:top], his[:top], share[:, :top]
+    labels = bin_labels(los, his)
+    ticks = [labels[int(np.argmin(np.abs(np.asarray(los) - e)))] for e in _TICK_EDGES
+             if e <= los[-1]]
+    text = [f"{lo:g}" for lo in los]
+    trace = {"type": "heatmap", "x": steps, "y": labels, "z": share.tolist(), "transpose": True,
+             "zmin": 0, "zmax": float(max(share.max(), 1e-9)), "colorscale": HEAT_SCALE,
+             "colorbar": {"title": {"text": "share"}, "thickness": 10, "tickformat": ".0%"},
+             "meta": {"key": "histogram", "role": "heatmap", "bins": los},
+             "hovertemplate": "step %{x}<br>entropy %{y} nats<br>share %{z:.1%}<extra></extra>"}
+    median = {"type": "scatter", "x": list(steps), "y": median_labels(share, labels),
+              "mode": "lines", "line": {"color": "#1864ab", "width": 2, "shape": "hv"},
+              "name": "median token", "hoverinfo": "skip", "showlegend": True,
+              "meta": {"key": "histogram", "role": "median", "bins": los}}
+    tick_text = [text[labels.index(t)] for t in dict.fromkeys(ticks)]
+    layout = base_layout("Entropy distribution of all tokens per step "
+                         "(mass sliding to 0 = collapse)", height=330, uirevision=uirevision,
+                         hovermode="closest",
+                         yaxis={"type": "category", "title": {"text": "entropy (nats)"},
+                                "tickmode": "array", "tickvals": list(dict.fromkeys(ticks)),
+                                "ticktext": tick_text})
+    return {"data": [trace, median], "layout": layout}
+
+
+def median_labels(share: np.ndarray, labels: Sequence[str]) -> list[str]:
+    """Per step, the label of the bin holding the median token: a line that falls with the
+    collapse, so the heatmap reads at a glance."""
+    if share.size == 0:
+        return []
+    idx = (np.cumsum(share, axis=1) >= 0.5).argmax(axis=1)
+    return [labels[i] for i in idx]
+
+
+# ---------------------------------------------------------------- run page: reward and pass@k
+def diversity_gap(scalars: pd.DataFrame, hi_key: str, lo_key: str,
+                  max_points: int | None = None) -> pd.DataFrame:
+    """pass@G − pass@1 per step where both exist (shrinks as entropy collapses)."""
+    hi, lo = series(scalars, hi_key), series(scalars, lo_key)
+    both = hi.merge(lo[["step", "value"]], on="step", suffixes=("", "_lo"))
+    both = both.assign(value=both["value"] - both["value_lo"]).drop(columns="value_lo")
+    return both.iloc[downsample_indices(len(both), max_points)]
+
+
+def passk_figure(scalars: pd.DataFrame, *, smoothing: float = 0.0, x_axis: str = "step",
+                 max_points: int | None = None, uirevision: str = "run") -> dict:
+    """Reward and pass@1…pass@G on top, the diversity gap pass@G − pass@1 below."""
+    keys = pass_keys(keys_of(scalars))
+    reward = series(scalars, "reward/mean", max_points)
+    rows = {k: series(scalars, k, max_points) for k in keys}
+    gl = use_webgl(len(reward) + sum(map(len, rows.values())))
+    data = raw_and_smooth(reward, "reward/mean", name="reward", color="#343a40",
+                          smoothing=smoothing, x_axis=x_axis, gl=gl)
+    for shade, key in zip(np.linspace(0.0, 0.7, max(len(keys), 1)), keys):
+        rgb = tuple(int(a + (b - a) * shade) for a, b in zip((24, 100, 171), (165, 216, 255)))
+        data += raw_and_smooth(rows[key], key, name=key, color=f"rgb{rgb}",
+                               smoothing=smoothing, x_axis=x_axis, gl=gl)
+    if len(keys) >= 2:
+        gap = diversity_gap(scalars, keys[-1], keys[0], max_points)
+        y, meta = clean(gap["value"].to_numpy(np.float64)), {"key": "gap", "role": "raw"}
+        if smoothing > 0:
+            y, meta = smoothed(gap["value"].to_numpy(np.float64), smoothing, "gap")
+        meta["gap"] = [keys[-1], keys[0]]
+        data.append(line_trace(x_values(gap, x_axis), y, gl=gl, color="#2b8a3e", yaxis="y2",
+                               name=f"diversity gap {keys[-1]} − {keys[0]}", fill="tozeroy",
+                               fillcolor="rgba(43,138,62,0.15)", meta=meta))
+    layout = base_layout("Reward, pass@k and the diversity gap pass@G − pass@1", height=390,
+                         x_axis=x_axis, uirevision=uirevision,
+                         yaxis={"domain": [0.36, 1.0], "title": {"text": "reward / pass@k"}},
+                         yaxis2={"domain": [0.0, 0.28], "anchor": "x", "rangemode": "tozero",
+                                 "title": {"text": "gap"}})
+    return {"data": data, "layout": layout}
+
+
+# ---------------------------------------------------------------- run page: small multiples
+def scalar_grid(scalars: pd.DataFrame, keys: Sequence[str] = DIAGNOSTIC_KEYS, *,
+                smoothing: float = 0.0, x_axis: str = "step", log_y: bool = False,
+                max_points: int | None = None, cols: int = 4, title: str = "Training signals",
+                uirevision: str = "run") -> dict:
+    """Small multiples, one panel per key (fork/selected fraction, cov, loss, KL, …)."""
+    keys = list(keys)
+    if not keys:
+        return empty_figure("pick scalars by name above", height=90)
+    cols = min(cols, len(keys))
+    rows = {k: series(scalars, k, max_points) for k in keys}
+    gl = use_webgl(sum(map(len, rows.values())))
+    data, layout_axes, notes = [], {}, []
+    for key, (xref, yref, xa, ya) in zip(keys, grid_axes(len(keys), cols)):
+        data += raw_and_smooth(rows[key], key, name=key, color="#1c7ed6", smoothing=smoothing,
+                               x_axis=x_axis, gl=gl, showlegend=False, xaxis=xref, yaxis=yref)
+        layout_axes["xaxis" + xref[1:]] = {**xa, "type": "date" if x_axis == "wall" else "linear"}
+        layout_axes["yaxis" + yref[1:]] = {**ya, "type": "log" if log_y else "linear",
+                                           **flat_range(rows[key]["value"])}
+        label = key if len(rows[key]) else f"{key} (not logged)"
+        notes.append({"text": label, "xref": "paper", "yref": "paper", "x": sum(xa["domain"]) / 2,
+                      "y": ya["domain"][1], "xanchor": "center", "yanchor": "bottom",
+                      "showarrow": False, "font": {"size": 12}})
+    nrows = math.ceil(len(keys) / cols)
+    layout = base_layout(title, height=190 * nrows + 70, x_axis=x_axis, log_y=log_y,
+                         uirevision=uirevision, hovermode="closest", annotations=notes)
+    layout.update(layout_axes)
+    return {"data": data, "layout": layout}
