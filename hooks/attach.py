@@ -119,14 +119,15 @@ class AttachHandle:
     def log_samples(self, step: int | None, prompts: Sequence, completions: Sequence,
                     rewards: Sequence[float], correct: Sequence[bool] | None = None,
                     group_ids: Sequence[int] | None = None, *, sample_ids: Sequence[int] | None = None,
-                    source: str = "") -> None:
+                    source: str = "", scalars: bool = True) -> None:
         """Rewards and verdicts of a step's completions (pass@k, the completions view).
 
         step None means the step being accumulated; rows align with the forward's rows unless
-        sample_ids says otherwise; group_ids default to sample_id // group_size.
+        sample_ids says otherwise; group_ids default to sample_id // group_size. scalars=False:
+        store the rows only (reward/pass@k come from elsewhere, e.g. one rank for all ranks).
         """
         rows = sample_rows(prompts, completions, rewards, correct, group_ids, sample_ids, self.group_size, source)
-        self.samples.add(self.step if step is None else int(step), rows, self.step)
+        self.samples.add(self.step if step is None else int(step), rows, self.step, scalars)
 
     def flush(self, step: int | None = None, extra: dict[str, float] | None = None,
               advantages: Sequence[float] | None = None) -> dict[str, float] | None:

@@ -84,7 +84,8 @@ class StepReporter:
     def _token_rows(self, stats, token_ids, mask, env, fork, selected, group_list, sample_ids) -> dict[str, list] | None:
         """Token rows for every rollout of the first `token_groups` groups, capped in size; the
         environment's tokens keep their place in the text with null statistics."""
-        chosen_groups = list(dict.fromkeys(group_list))[: self.token_groups]
+        shown = (mask | env).any(1).tolist()  # a rank's rows: other ranks' rows have no tokens here
+        chosen_groups = list(dict.fromkeys(g for g, has in zip(group_list, shown) if has))[: self.token_groups]
         rows = [r for r, g in enumerate(group_list) if g in chosen_groups]
         cols: dict[str, list] = defaultdict(list)
         ids = _np(token_ids)

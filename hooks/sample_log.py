@@ -39,36 +39,39 @@ def sample_rows(prompts: Sequence, completions: Sequence, rewards: Sequence[floa
 
 
 class SampleLog:
-    """Sample rows waiting for their step's report, by step."""
+    """Sample rows waiting for their step's report, by step; with_scalars=False when the caller
+    logs the reward scalars itself (TRL: rank 0 from the rewards gathered over all ranks)."""
 
     def __init__(self, sink):
         self.sink = sink
-        self.pending: dict[int, list[dict]] = {}
+        self.pending: dict[int, tuple[list[dict], bool]] = {}
 
-    def add(self, step: int, rows: list[dict], current: int) -> None:
+    def add(self, step: int, rows: list[dict], current: int, with_scalars: bool = True) -> None:
         if step < current:  # that step was reported already: send the samples on their own
-            self.send(step, rows)
+            self.send(step, rows, with_scalars)
         else:
-            self.pending.setdefault(step, []).extend(rows)
+            held, scalars = self.pending.get(step, ([], False))
+            self.pending[step] = (held + rows, scalars or with_scalars)
 
-    def send(self, step: int, rows: list[dict]) -> None:
+    def send(self, step: int, rows: list[dict], with_scalars: bool = True) -> None:
         if not rows:
             return
         self.sink.log_samples(step, rows)
-        self.sink.log_scalars(step, metrics.group_scalars([r["group_id"] for r in rows], [r["reward"] for r in rows],
-                                                          [r["correct"] for r in rows]))
+        if with_scalars:
+            self.sink.log_scalars(step, metrics.group_scalars([r["group_id"] for r in rows],
+                                                              [r["reward"] for r in rows], [r["correct"] for r in rows]))
 
     def release(self, step: int, lengths: dict[int, int]) -> None:
         """Send step's rows (with lengths from its forwards) and any older ones that never had a forward."""
-        rows = self.pending.pop(step, None)
+        rows, scalars = self.pending.pop(step, (None, False))
         if rows is not None:
             for row in rows:
                 if row.get("length") is None and row["sample_id"] in lengths:
                     row["length"] = lengths[row["sample_id"]]
-            self.send(step, rows)
+            self.send(step, rows, scalars)
         for old in sorted(s for s in self.pending if s < step):
-            self.send(old, self.pending.pop(old))
+            self.send(old, *self.pending.pop(old))
 
     def drain(self) -> None:
         for step in sorted(self.pending):
-            self.send(step, self.pending.pop(step))
+            self.send(step, *self.pending.pop(step))

@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 
 from forksight.hooks.attach import AttachHandle
 from forksight.hooks.passk import pass_at_k_groups
+from forksight.hooks.summary import group_scalars
 from forksight.hooks.sample_log import as_text
 from forksight.hooks.token_select import top_rho_mask
 
@@ -109,6 +110,7 @@ class ForksightCallback(TrainerCallback):
         self.mode: str | None = None
         self._hasher = _RowHasher()
         self._samples: list[dict] | None = None
+        self._group_scalars: dict[str, float] | None = None
         self._env_rows: dict[int, torch.Tensor] = {}  # generation-batch index -> tool-output tokens [C]
         self._advantages: list[float] | None = None
         self._eval_groups: list[list[bool]] = []
@@ -250,10 +252,14 @@ class ForksightCallback(TrainerCallback):
         self._env_rows = {} if tool_mask is None else {offset + i: ~row for i, row in enumerate(tool_mask.bool())}
         self.handle.num_rows = size
         self._advantages = [float(a) for a in list(logs["advantages"])[-n:]]
-        if accel.is_main_process:  # _logs is gathered over ranks: one rank logs the samples
-            prompts, completions = list(logs["prompt"])[-n:], list(logs["completion"])[-n:]
-            self._samples = [{"prompt": as_text(p), "completion": as_text(c), "reward": r, "correct": k}
-                             for p, c, r, k in zip(prompts, completions, rewards, correct)]
+        # _logs is gathered over ranks: each rank stores its own rows (with their lengths), rank 0
+        # the reward scalars and pass@k of all of them
+        prompts, completions = list(logs["prompt"])[-n:], list(logs["completion"])[-n:]
+        self._samples = [{"sample_id": i, "prompt": as_text(prompts[i]), "completion": as_text(completions[i]),
+                          "reward": rewards[i], "correct": correct[i]} for i in range(offset, min(offset + local, n))]
+        G = trainer.num_generations
+        self._group_scalars = (group_scalars([i // G for i in range(n)], rewards, correct)
+                               if accel.is_main_process and n else None)
 
     def _env_mask(self, index: list[int], width: int) -> torch.Tensor | None:
         """Tool-output tokens of these rows, right-aligned with the forward's completion columns."""
@@ -285,7 +291,11 @@ class ForksightCallback(TrainerCallback):
                 G = self.trainer.num_generations
                 self.handle.log_samples(step, [r["prompt"] for r in s], [r["completion"] for r in s],
                                         [r["reward"] for r in s], [r["correct"] for r in s],
-                                        [i // G for i in range(len(s))], source="trl")
+                                        [r["sample_id"] // G for r in s], sample_ids=[r["sample_id"] for r in s],
+                                        source="trl", scalars=False)
+            if self._group_scalars is not None:
+                self.sink.log_scalars(step, self._group_scalars)
+                self._group_scalars = None
             self.handle.flush(step, advantages=self._advantages)
         if self.sink is not None and self.sink.should_stop and not self._stopped:
             self._stopped = True

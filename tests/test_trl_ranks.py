@@ -1,0 +1,58 @@
+"""TRL's GRPOTrainer on two processes (torchrun, gloo, CPU) with forksight.trl attached on each:
+every rank's rows land in one run of a real collector, ids never collide across ranks, and the
+merged step entropy is the number TRL logged (its mean over both ranks' tokens)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from forksight.monitor.store import Store
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_two_trl_ranks_stream_into_one_merged_run(tmp_path, collector, tiny_model_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(REPO / "tests" / "trl_ranks_script.py"), str(tiny_model_path), collector.url, "trl2",
+           str(tmp_path / "out")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400, env=env)
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
+    trl_logs = {int(k): v for k, v in json.loads((tmp_path / "out" / "trl_logs.json").read_text()).items()}
+    collector.stop()
+
+    con = duckdb.connect(collector.db, read_only=True)
+    try:
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+        ranks = {t: sorted(r for (r,) in con.execute(f"SELECT DISTINCT rank FROM {t} WHERE run_id='trl2'").fetchall())
+                 for t in ("scalars", "tokens", "samples", "histograms")}
+        assert all(v == [0, 1] for v in ranks.values()), ranks
+        for table in ("samples", "tokens"):  # one sample's rows never mix two ranks
+            mixed = con.execute(f"SELECT count(*) FROM (SELECT step, sample_id FROM {table} WHERE "
+                                "run_id='trl2' GROUP BY ALL HAVING count(DISTINCT rank) > 1)").fetchone()[0]
+            assert mixed == 0, table
+        groups = con.execute("SELECT count(*) FROM (SELECT step, group_id FROM samples WHERE run_id='trl2' "
+                             "GROUP BY ALL HAVING count(DISTINCT rank) > 1)").fetchone()[0]
+        assert groups == 0
+        # every completion of the generation batch (2 ranks x 8) is stored once, with its length
+        per_step = con.execute("SELECT step, count(*), count(DISTINCT sample_id), count(length) FROM samples "
+                               "WHERE run_id='trl2' GROUP BY step ORDER BY step").fetchall()
+        assert per_step == [(s, 16, 16, 16) for s in (1, 2, 3)]
+        lengths = dict(con.execute("SELECT step, avg(length) FROM samples WHERE run_id='trl2' GROUP BY step").fetchall())
+    finally:
+        con.close()
+    with Store(collector.db) as store:
+        merged = store.reader.read_scalars("trl2", downsample=100000)
+    value = lambda key, step: float(merged[(merged.key == key) & (merged.step == step)].value.iloc[0])  # noqa: E731
+    for step in (1, 2, 3):
+        logs = trl_logs[step]
+        assert value("entropy/mean", step) == pytest.approx(logs["entropy"], abs=1e-6)
+        assert value("reward/mean", step) == pytest.approx(logs["reward"], abs=1e-6)  # rank 0, all 16 rows
+        assert lengths[step] == pytest.approx(logs["completions/mean_length"], abs=1e-6)
+        assert value("loss", step) == pytest.approx(logs["loss"], rel=1e-9)
