@@ -1,6 +1,7 @@
 """A guard in front of Dash's callback route: a request that is not a well-formed call of one of
 this dashboard's callbacks gets a 400 that says what is wrong, before Dash indexes into it
-(Dash answers such payloads with a 500 and a stack trace in the log).
+(Dash answers such payloads with a 500). A well-formed call whose values a callback cannot use
+(a browser never sends them) is a 400 too, its traceback logged so a real bug stays visible.
 """
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 from typing import Any
 
 from flask import jsonify, request
+from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger("forksight.dashboard")
 CALLBACK_ROUTE = "_dash-update-component"
@@ -74,3 +76,15 @@ def guard_callbacks(dash_app) -> None:
             return None
         log.warning("refused a dashboard callback request: %s", problem)
         return jsonify(detail=f"not a dashboard callback request: {problem}"), 400
+
+    @dash_app.server.errorhandler(Exception)
+    def _callback_failed(exc: Exception):
+        if isinstance(exc, HTTPException) or not request.path.endswith(CALLBACK_ROUTE):
+            return exc if isinstance(exc, HTTPException) else _reraise(exc)
+        log.warning("a dashboard callback failed on the values it was sent", exc_info=exc)
+        return jsonify(detail=f"the dashboard could not answer this callback with the values sent "
+                              f"({type(exc).__name__}); reload the page"), 400
+
+
+def _reraise(exc: Exception):
+    raise exc

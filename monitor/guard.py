@@ -74,6 +74,8 @@ class GuardMiddleware:
         self.bound_host = host.strip().strip("[]").lower()
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket":      # nothing here speaks it: no unguarded way in
+            return await send({"type": "websocket.close", "code": 1008})
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers: dict[str, str] = {}

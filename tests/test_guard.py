@@ -205,6 +205,23 @@ def test_crafted_dash_callback_payloads_get_4xx_and_a_real_one_still_works(tmp_p
                 assert 400 <= resp.status_code < 500, (body[:80], resp.status_code, resp.text[:200])
             ok = client.post("/_dash-update-component", json=good)
             assert ok.status_code in (200, 204), ok.text[:300]
+            for dep in deps:            # well-formed calls with values no browser sends: 4xx, never 5xx
+                for value in ("x", {"a": 1}, 2**70, [1, "b"]):
+                    resp = client.post("/_dash-update-component", json=_call_with(dep, value))
+                    assert resp.status_code < 500, (dep["output"][:60], value, resp.text[:200])
+
+
+def _call_with(dep: dict, value) -> dict:
+    """A structurally valid call of the callback `dep` (from /_dash-dependencies), every value `value`."""
+    def spec(text: str) -> dict:
+        component, prop = text.split(".", 1)
+        return {"id": component, "property": prop}
+    multi = dep["output"].startswith("..")
+    outputs = [spec(p) for p in dep["output"].strip(".").split("...")] if multi else spec(dep["output"])
+    first = dep["inputs"][0]
+    return {"output": dep["output"], "outputs": outputs, "changedPropIds": [f"{first['id']}.{first['property']}"],
+            "inputs": [{**i, "value": value} for i in dep["inputs"]],
+            "state": [{**st, "value": value} for st in dep["state"]]}
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -234,3 +251,24 @@ def test_a_640_mb_chunked_body_does_not_grow_the_server(tmp_path):
         assert http.get("/api/health").status_code == 200
         grown = _peak_rss_mb(server.proc.pid) - before
         assert grown < 3 * MAX_BODY_BYTES / 2**20, f"peak RSS grew {grown:.0f} MB"
+
+
+def test_websocket_upgrades_are_closed_before_reaching_the_app():
+    import asyncio
+
+    from forksight.monitor.guard import GuardMiddleware
+
+    reached, sent = [], []
+
+    async def app(scope, receive, send):
+        reached.append(scope)
+
+    async def receive():
+        return {"type": "websocket.connect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "websocket", "path": "/", "headers": [(b"host", b"evil.example")]}
+    asyncio.run(GuardMiddleware(app, token=None)(scope, receive, send))
+    assert reached == [] and sent == [{"type": "websocket.close", "code": 1008}]
