@@ -117,6 +117,10 @@ class ForksightLogger:
         self._finished = False
         self.overhead_s = 0.0                          # time spent in forksight's hooks (driver)
         self.steps_reported = 0
+        if STATE.trainer is None and self.per_token:
+            log.warning("forksight: no legacy RayPPOTrainer.fit() is running (verl's v1 trainer or a custom loop): "
+                        "storing verl's logged metrics only; per-token statistics, samples, pass@k and "
+                        "stop_on_alert need trainer.use_v1=False")
         STATE.logger = self
 
     # ------------------------------------------------------------------ hand-over from the trainer
@@ -222,7 +226,7 @@ class ForksightLogger:
         advantages = tensors.get("advantages")
         entropy = tokens.get("entropy") if tokens else None
         if entropy is None or tuple(entropy.shape) != tuple(mask.shape):
-            from forksight.hooks.report import group_scalars
+            from forksight.hooks.metrics import group_scalars
 
             scalars = group_scalars(group_ids, [s["reward"] for s in samples], [s["correct"] for s in samples])
             self.sink.log_scalars(step, scalars)

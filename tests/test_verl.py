@@ -156,6 +156,29 @@ def test_verl_use_external_modules_loads_the_plugin_too():
     assert (loaded.stdout.strip(), not_loaded.stdout.strip()) == ("True", "False"), loaded.stderr[-2000:]
 
 
+@needs_verl
+def test_without_the_legacy_trainer_the_backend_stores_verl_metrics_only(tmp_path):
+    # what verl's v1 trainer (or a custom loop) gets: verl's own Tracking, no per-token hand-over
+    db = tmp_path / "v1.duckdb"
+    code = f"""
+import verl
+from verl.utils.tracking import Tracking
+config = {{"trainer": {{"forksight": {{"db": {str(db)!r}}}}}}}
+tracking = Tracking("proj", "v1-run", default_backend=["forksight"], config=config)
+for step in (1, 2):
+    tracking.log({{"actor/entropy": 0.5 / step, "critic/score/mean": 0.25 * step}}, step=step)
+tracking.finish(exit_code=0)
+"""
+    proc = subprocess.run([str(VERL_PY), "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "FORKSIGHT_HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "storing verl's logged metrics only" in proc.stderr
+    assert query(db, "SELECT run_id, status FROM runs") == [("v1-run", "finished")]
+    assert sorted(query(db, "SELECT step, key, value FROM scalars")) == [
+        (1, "actor/entropy", 0.5), (1, "critic/score/mean", 0.25),
+        (2, "actor/entropy", 0.25), (2, "critic/score/mean", 0.5)]
+
+
 def test_unknown_verl_version_is_a_clear_error():
     assert supported("0.9.1") and not supported("0.8.3") and not supported("1.0.0")
     assert check_version("0.9.1") == "0.9.1"

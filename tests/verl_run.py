@@ -9,7 +9,7 @@ calculate_sum_pi_squared_from_logits) plus get_policy_loss_fn for the update. Wh
 on CPU is replaced in-process: HF `generate` in place of vLLM/SGLang (rollout + rule reward),
 and a one-process actor in place of the Ray FSDP worker group (same inputs and outputs).
 
-Usage: python tests/verl_run.py OUT_DIR STEPS [--nan-at STEP] [--stop-on-alert]
+Usage: python tests/verl_run.py OUT_DIR STEPS [--nan-at STEP] [--stop-on-alert] [--without-forksight]
 Writes OUT_DIR/forksight.duckdb, metrics.jsonl (verl's file logger), logits_<step>.pt, summary.json.
 """
 from __future__ import annotations
@@ -55,7 +55,8 @@ def make_data(out: Path, n_prompts: int) -> Path:
     return path
 
 
-def make_config(model: Path, data: Path, out: Path, steps: int, n: int, stop_on_alert: bool):
+def make_config(model: Path, data: Path, out: Path, steps: int, n: int, stop_on_alert: bool,
+                with_forksight: bool = True):
     from hydra import compose, initialize_config_dir
 
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
@@ -67,7 +68,7 @@ def make_config(model: Path, data: Path, out: Path, steps: int, n: int, stop_on_
         "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
         "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.calculate_sum_pi_squared=True",
         "actor_rollout_ref.actor.optim.lr=1e-3",
-        "trainer.logger=[file,forksight]", f"trainer.total_training_steps={steps}", "trainer.total_epochs=100",
+        "trainer.logger=[file,forksight]" if with_forksight else "trainer.logger=[file]", f"trainer.total_training_steps={steps}", "trainer.total_epochs=100",
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
         "trainer.balance_batch=False", "trainer.use_v1=False", "trainer.device=cpu", "trainer.resume_mode=disable",
         "trainer.project_name=forksight-test", "trainer.experiment_name=verl-grpo",
@@ -208,7 +209,7 @@ class NoWeightSync:
 
 
 # ---------------------------------------------------------------------------- main
-def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool) -> dict:
+def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool, with_forksight: bool = True) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from verl.single_controller.ray import ResourcePoolManager
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
@@ -226,7 +227,7 @@ def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool) -> dict
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     data = make_data(out, n_prompts=16)
     n = 4
-    config = make_config(model_dir, data, out, steps, n, stop_on_alert)
+    config = make_config(model_dir, data, out, steps, n, stop_on_alert, with_forksight)
     dataset = RLHFDataset(data_files=[str(data)], tokenizer=tokenizer, config=config.data)
     os.environ["VERL_FILE_LOGGER_PATH"] = str(out / "metrics.jsonl")
     pools = ResourcePoolManager(resource_pool_spec={"global_pool": [1]}, mapping={Role.ActorRollout: "global_pool"})
@@ -256,5 +257,5 @@ def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool) -> dict
 if __name__ == "__main__":
     args = sys.argv[1:]
     nan_at = int(args[args.index("--nan-at") + 1]) if "--nan-at" in args else None
-    result = main(Path(args[0]), int(args[1]), nan_at, "--stop-on-alert" in args)
+    result = main(Path(args[0]), int(args[1]), nan_at, "--stop-on-alert" in args, "--without-forksight" not in args)
     print(json.dumps({k: v for k, v in result.items() if k != "verdicts"}))
