@@ -1,4 +1,9 @@
-"""Alert benchmark: lead time, false alarms, rlwatch side by side, cost per step. Prints JSON.
+"""Alert benchmark: lead time, false alarms, rlwatch and rlprobe side by side, cost per step. Prints JSON.
+
+Real runs (bench/alerts_real.py, cached in tests/data/alerts_real_runs.json): the tiny model
+trained to collapse, stay healthy, learn nothing and explode, through all three monitors.
+Peers are pinned and live in their own folder, .venv/bench-peers (never in the project venv):
+    .venv/bin/pip install --target .venv/bench-peers --no-deps rlwatch==0.5.1 rlprobe==0.1.0
 
 Synthetic runs (collapsing: flat, then H0·exp(-(t - onset)/tau) with multiplicative noise;
 healthy: entropy settles 20% lower, reward climbs) are written to a real DuckDB file and read
@@ -8,7 +13,7 @@ Ground truth of a collapse: the first step where the debiased EMA (β = 0.9) of 
 rlwatch: its own EntropyCollapseDetector (rlwatch.detectors, default config: entropy < 1.0 for
 50 consecutive steps -> critical, 25 -> warning) is run on the same series.
 
-    python bench/alerts.py [--db RUNS.duckdb --run ID ...] [--quick]
+    python bench/alerts.py [--db RUNS.duckdb --run ID ...] [--quick] [--no-real | --retrain]
 """
 from __future__ import annotations
 
@@ -29,6 +34,21 @@ from forksight.monitor.alerts import AlertMonitor
 from forksight.monitor.store import Records, Store, scalars_table
 
 TARGET_LEAD = 20
+PEERS = {"rlwatch": "0.5.1", "rlprobe": "0.1.0"}
+PEERS_DIR = Path(__file__).resolve().parents[1] / ".venv" / "bench-peers"
+
+
+def use_peers() -> dict:
+    """Put the pinned peers on sys.path (for this process only) and check their versions."""
+    from importlib.metadata import version
+
+    if str(PEERS_DIR) not in sys.path:
+        sys.path.insert(0, str(PEERS_DIR))
+    found = {name: version(name) for name in PEERS}
+    wrong = {n: v for n, v in found.items() if v != PEERS[n]}
+    if wrong:
+        raise SystemExit(f"bench peers {wrong} differ from the pinned {PEERS}: reinstall into {PEERS_DIR}")
+    return found
 
 
 # ---------------------------------------------------------------------------- synthetic runs
@@ -200,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", action="append", default=[], help="run id in --db (repeatable)")
     parser.add_argument("--quick", action="store_true", help="a smaller grid")
     parser.add_argument("--per-run", action="store_true", help="include every run's figures")
+    parser.add_argument("--no-real", action="store_true", help="skip the real-run part")
+    parser.add_argument("--retrain", action="store_true", help="retrain the real runs instead of reading the cache")
     args = parser.parse_args(argv)
+    peers = use_peers()
 
     taus = (12, 40, 150) if args.quick else (12, 20, 40, 80, 150)
     noises = (0.05, 0.15) if args.quick else (0.02, 0.05, 0.1, 0.15)
@@ -232,7 +255,12 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(result)
         store.close()
 
-    report = {"synthetic": summary(results, healthy_results), "cost": cost_per_step()}
+    report = {"peers": peers, "synthetic": summary(results, healthy_results), "cost": cost_per_step()}
+    if not args.no_real:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from alerts_real import real_part
+
+        report["real"] = real_part(retrain=args.retrain)
     if args.per_run:
         report["runs"] = results + healthy_results
     if args.db:

@@ -73,6 +73,10 @@ class CollapseConfig(DetectorConfig):
     forecast_horizon: int = Field(150, ge=1, description="warn when the fitted decay reaches the floor within this many steps")
     forecast_min_drop: float = Field(0.25, ge=0.0, lt=1.0, description="forecast only once the lightly smoothed entropy is this fraction below baseline (quiet on flat noisy runs)")
     forecast_min_r2: float = Field(0.75, ge=0.0, le=1.0, description="the log-linear fit must explain this share of the variance")
+    accel_min_drop: float = Field(0.02, gt=0.0, lt=1.0, description="points enter the accelerating-decay fit log(log(baseline/H)) once H is this fraction below baseline")
+    accel_gate_drop: float = Field(0.05, ge=0.0, lt=1.0, description="the accelerating-decay forecast may warn once the lightly smoothed entropy is this fraction below baseline")
+    accel_min_points: int = Field(6, ge=3, description="points the accelerating-decay fit needs before it may forecast")
+    accel_min_r2: float = Field(0.9, ge=0.0, le=1.0, description="the accelerating-decay fit must explain this share of the variance (a noisy dip does not)")
     reward_key: str = Field("reward/mean", description="reward scalar for the R = -a·exp(H) + b ceiling shown in the message")
 
 
@@ -88,11 +92,14 @@ class CovarianceConfig(DetectorConfig):
     min_positive_fraction: float = Field(0.8, gt=0.5, le=1.0, description="share of the window's steps with positive covariance")
     min_t: float = Field(3.0, ge=0.0, description="the window mean must be this many standard errors above 0")
     min_entropy_drop: float = Field(0.25, ge=0.0, lt=1.0, description="and smoothed entropy must already be this fraction below its baseline (0 = covariance alone)")
+    min_recent_fall: float = Field(0.1, ge=0.0, lt=1.0, description="and smoothed entropy must have fallen this fraction over the window (still falling, not settled lower)")
     entropy_key: str = Field("entropy/mean", description="entropy scalar for the min_entropy_drop guard")
 
 
 class ExplosionConfig(DetectorConfig):
-    """Entropy or Rényi-2 rising past a ceiling; worse with falling reward or growing length."""
+    """Entropy or Rényi-2 rising past a ceiling set by the run's own baseline; worse with falling reward or growing length."""
+
+    persist: int = Field(5, ge=1, description="the rise must hold this many consecutive steps (a noisy spike does not)")
 
     entropy_key: str = Field("entropy/mean", description="Shannon entropy scalar (nats)")
     renyi2_key: str = Field("renyi2/mean", description="Rényi-2 entropy scalar (nats)")
@@ -100,7 +107,9 @@ class ExplosionConfig(DetectorConfig):
     length_key: str = Field("length/mean", description="completion length scalar; growing length raises the severity")
     rise_ratio: float = Field(1.5, gt=1.0, description="ceiling = baseline × rise_ratio (and at least baseline + min_rise)")
     min_rise: float = Field(0.3, ge=0.0, description="smallest rise in nats that counts, so a tiny baseline cannot trip it")
-    logv_fraction: float = Field(0.6, gt=0.0, le=1.0, description="absolute ceiling as a fraction of log|V| (needs the vocabulary size)")
+    logv_fraction: float = Field(0.6, gt=0.0, le=1.0, description="lowers the ceiling to this fraction of log|V| (needs the vocabulary size), never below baseline + min_rise")
+    trend_window: int = Field(20, ge=5, description="steps in the fitted trend: a warning without falling reward or growing length needs the smoothed value still climbing")
+    trend_min_r2: float = Field(0.5, ge=0.0, le=1.0, description="the climb's linear fit must explain this share of the variance")
     reward_drop: float = Field(0.05, ge=0.0, description="reward counts as falling once its EMA is this far below its best EMA")
     length_growth: float = Field(0.3, ge=0.0, description="length counts as growing once its EMA exceeds baseline × (1 + this)")
 
@@ -112,6 +121,7 @@ class DiversityConfig(DetectorConfig):
     min_baseline_gap: float = Field(0.05, ge=0.0, description="pass@G − pass@1 at baseline must be at least this, else there was no diversity to lose")
     gap_floor: float = Field(0.02, ge=0.0, description="alert when the smoothed gap pass@G − pass@1 falls below this ...")
     gap_fraction: float = Field(0.25, ge=0.0, le=1.0, description="... or below this fraction of its baseline (the larger wins)")
+    max_pass1_drop: float = Field(0.5, gt=0.0, le=1.0, description="stay quiet once smoothed pass@1 has fallen by this fraction of its baseline: groups that agree because everything fails lack reward, not diversity")
     zero_var_key: str = Field("groups/zero_var_frac", description="scalar: fraction of groups whose rewards are all equal")
     zero_var_ceiling: float = Field(0.6, ge=0.0, le=1.0, description="alert when that fraction's EMA exceeds this ...")
     zero_var_rise: float = Field(0.25, ge=0.0, le=1.0, description="... and has risen this much above its baseline")
@@ -135,6 +145,7 @@ class StagnationConfig(DetectorConfig):
     window: int = Field(100, ge=10, description="steps in the reward trend fit")
     min_improvement: float = Field(0.02, description="plateau: the fitted reward gain over the window is below this")
     pass1_target: float = Field(0.9, description="only alert while smoothed pass@1 (or reward) is below this")
+    confidence_z: float = Field(1.64, ge=0.0, description="plateau only when gain + z·(its standard error) is below min_improvement (0 = the point estimate alone)")
 
 
 class NonFiniteConfig(DetectorConfig):

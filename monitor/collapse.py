@@ -29,6 +29,7 @@ class CollapseDetector(Detector):
         self.ema, self.baseline = DebiasedEMA(config.smoothing), Baseline(config.baseline_steps)
         self.trend_ema = DebiasedEMA(config.forecast_smoothing)
         self.trend = RollingOLS(config.forecast_window)                 # log(lightly smoothed H) vs step
+        self.accel = RollingOLS(config.forecast_window)                 # log(log(baseline / H)) vs step
         self.law = RollingOLS(max(config.forecast_window, 20))          # reward vs exp(H): R = -a·e^H + b
         self.tiers = Tiers(config.cooldown, config.persist)
 
@@ -39,15 +40,24 @@ class CollapseDetector(Detector):
             return []
         smooth = self.ema.update(h)
         self.baseline.update(h)
-        self.trend.add(step, math.log(max(self.trend_ema.update(h), _TINY)))
+        fast = self.trend_ema.update(h)
+        self.trend.add(step, math.log(max(fast, _TINY)))
         if c.reward_key in scalars:
             self.law.add(math.exp(h), scalars[c.reward_key])
-        if seen < c.warmup_steps or not self.baseline.ready:
+        if not self.baseline.ready:
             return []
         base = self.baseline.value
+        # log(log(base/H)) is linear in step for an accelerating (Gompertz-like) collapse, where a
+        # log-linear fit still extrapolates the slow start; its window restarts when H is back at base
+        if base > 0 and fast < base * (1.0 - c.accel_min_drop):
+            self.accel.add(step, math.log(math.log(base / max(fast, _TINY))))
+        elif self.accel.n:
+            self.accel = RollingOLS(c.forecast_window)
+        if seen < c.warmup_steps:
+            return []
         floor = max(c.floor, base * (1.0 - c.drop_fraction))
         drop_level = base * (1.0 - c.warn_drop_fraction)
-        predicted = self._forecast(step, smooth, base, floor) if c.forecast else None
+        predicted, how = self._forecast(step, smooth, base, floor) if c.forecast else (None, "")
         warn = smooth < drop_level or predicted is not None
         # the warning re-arms only once entropy is back near its baseline: a run that
         # settles lower has had its warning; a later real collapse still goes critical
@@ -62,35 +72,42 @@ class CollapseDetector(Detector):
             msg = f"Entropy collapsed: {head}, below the floor {floor:.4f}.{self._ceiling_note()}"
             return [self._alert(step, "critical", msg, ACTION_COLLAPSE, smooth, floor)]
         if predicted is not None:
-            rate = -self.trend.fit()[0]
-            msg = (f"Entropy collapse forecast: {head}, decaying {100 * rate:.2f}%/step; the fitted "
-                   f"exponential decay reaches the floor {floor:.4f} at step {predicted} "
-                   f"({predicted - step} steps ahead).{self._ceiling_note()}")
+            msg = (f"Entropy collapse forecast: {head}; {how} reaches the floor {floor:.4f} at step "
+                   f"{predicted} ({predicted - step} steps ahead).{self._ceiling_note()}")
             return [self._alert(step, "warning", msg, ACTION_COLLAPSE, smooth, floor, predicted)]
         msg = f"Entropy falling fast: {head} (warns at {100 * c.warn_drop_fraction:.0f}% down).{self._ceiling_note()}"
         return [self._alert(step, "warning", msg, ACTION_COLLAPSE, smooth, drop_level)]
 
-    def _forecast(self, step: int, smooth: float, base: float, floor: float) -> int | None:
-        """Step at which the log-linear fit of smoothed entropy crosses the floor, if within the horizon."""
+    def _forecast(self, step: int, smooth: float, base: float, floor: float) -> tuple[int | None, str]:
+        """(step at which a fitted decay crosses the floor if within the horizon, how it was fitted):
+        the earlier of the exponential (log H linear) and the accelerating (log log(base/H) linear) fit."""
         c = self.config
+        if smooth < floor:
+            return None, ""
         # gate on the lightly smoothed level: the heavy EMA lags a fast collapse by ~10 steps
         fast = self.trend_ema.value
-        if fast > base * (1.0 - c.forecast_min_drop) or smooth < floor:
-            return None
-        if self.trend.n < max(5, c.forecast_window // 2):
-            return None
-        fit = self.trend.fit()
-        if fit is None:
-            return None
-        slope, fitted_now, r2 = fit
-        if slope >= 0 or r2 < c.forecast_min_r2:
-            return None
-        ahead = (math.log(max(floor, _TINY)) - fitted_now) / slope
-        if ahead > c.forecast_horizon:
-            return None
+        found: list[tuple[int, str]] = []
+        fit = self.trend.fit() if self.trend.n >= max(5, c.forecast_window // 2) else None
+        if fit is not None and fast <= base * (1.0 - c.forecast_min_drop):
+            slope, fitted_now, r2 = fit
+            if slope < 0 and r2 >= c.forecast_min_r2:
+                ahead = (math.log(max(floor, _TINY)) - fitted_now) / slope
+                found.append((ahead, f"the exponential decay fitted to the last {self.trend.n} steps "
+                                     f"({100 * -slope:.2f}%/step, r² {r2:.2f})"))
+        fit = self.accel.fit() if self.accel.n >= c.accel_min_points else None
+        if fit is not None and fast <= base * (1.0 - c.accel_gate_drop) and floor < base:
+            slope, fitted_now, r2 = fit
+            if slope > 0 and r2 >= c.accel_min_r2:
+                ahead = (math.log(math.log(base / max(floor, _TINY))) - fitted_now) / slope
+                found.append((ahead, f"the accelerating decay log(log(baseline/H)) fitted to the last "
+                                     f"{self.accel.n} steps (r² {r2:.2f})"))
+        found = [f for f in found if f[0] <= c.forecast_horizon]
+        if not found:
+            return None, ""
+        ahead, how = min(found)
         # ahead <= 0: the fitted line is already under the floor while the smoothed level
         # (which lags) is not yet: the crossing is now
-        return step + max(1, int(math.ceil(ahead)))
+        return step + max(1, int(math.ceil(ahead))), how
 
     def _ceiling_note(self) -> str:
         """Cui et al.'s R = -a·exp(H) + b fitted on recent steps: the reward left at H = 0 is b - a."""
@@ -116,12 +133,13 @@ class CovarianceDetector(Detector):
         self.positive = 0
         self.stats = RollingOLS(config.window)   # used for the window's running mean and variance
         self.entropy, self.entropy_base = DebiasedEMA(0.9), Baseline(config.baseline_steps)
+        self.entropy_window: deque[float] = deque(maxlen=config.window + 1)
         self.gate = Gate(config.cooldown, config.persist)
 
     def observe(self, step: int, scalars: dict[str, float], seen: int) -> list[Alert]:
         c = self.config
         if c.entropy_key in scalars:
-            self.entropy.update(scalars[c.entropy_key])
+            self.entropy_window.append(self.entropy.update(scalars[c.entropy_key]))
             self.entropy_base.update(scalars[c.entropy_key])
         cov = scalars.get(c.key)
         if cov is None:
@@ -139,11 +157,16 @@ class CovarianceDetector(Detector):
         drop = 0.0
         if self.entropy_base.ready and self.entropy_base.value > 0:
             drop = 1.0 - self.entropy.value / self.entropy_base.value
-        active = frac >= c.min_positive_fraction and t >= c.min_t and drop >= c.min_entropy_drop
+        # lower than at the start is not enough: a healthy run settles lower and stays there
+        recent = 0.0
+        if len(self.entropy_window) > 1 and self.entropy_window[0] > 0:
+            recent = 1.0 - self.entropy_window[-1] / self.entropy_window[0]
+        active = (frac >= c.min_positive_fraction and t >= c.min_t and drop >= c.min_entropy_drop
+                  and recent >= c.min_recent_fall)
         cleared = frac < c.min_positive_fraction * (1.0 - c.hysteresis) or mean <= 0
         if not self.gate.update(step, active, cleared):
             return []
         msg = (f"Cov(log π, A) was positive on {self.positive} of the last {n} steps (mean {mean:.3g}, "
-               f"{t:.1f} standard errors above 0) while entropy is {100 * drop:.0f}% below baseline: "
-               f"entropy will keep falling.")
+               f"{t:.1f} standard errors above 0) while `{c.entropy_key}` is {100 * drop:.0f}% below baseline and "
+               f"fell {100 * recent:.0f}% over the last {len(self.entropy_window) - 1} steps: entropy will keep falling.")
         return [self._alert(step, "warning", msg, ACTION_COVARIANCE, mean, 0.0)]

@@ -5,6 +5,7 @@ so a step costs microseconds however long the run is.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Literal
 
@@ -121,6 +122,16 @@ class RollingOLS:
     def span(self) -> float:
         """x distance from the oldest to the newest point in the window."""
         return self._points[-1][0] - self._points[0][0] if self._points else 0.0
+
+    def slope_se(self) -> float:
+        """Standard error of the fitted slope (inf with < 3 points or constant x)."""
+        n = len(self._points)
+        vxx = self._sxx - self._sx * self._sx / n if n else 0.0
+        if n < 3 or vxx <= 0:
+            return math.inf
+        vxy = self._sxy - self._sx * self._sy / n
+        residual = max(self._syy - self._sy * self._sy / n - vxy * vxy / vxx, 0.0) / (n - 2)
+        return math.sqrt(residual / vxx)
 
     def fit(self) -> tuple[float, float, float] | None:
         """(slope, fitted y at the newest x, r²), or None with < 3 points or constant x."""

@@ -37,11 +37,14 @@ ACTION_NON_FINITE = ("Stop and inspect: lower the learning rate, enable gradient
                      "softmax in float32, and check divisions by a zero reward std (groups with equal rewards).")
 
 
-
-
 # ---------------------------------------------------------------------------- detectors
 class ExplosionDetector(Detector):
-    """Smoothed entropy or Rényi-2 past a ceiling; critical with falling reward or growing length."""
+    """Entropy or Rényi-2 rising well above the run's own early baseline, sustained and either still
+    climbing or hurting: warning; critical once reward falls or length grows with it.
+
+    log|V| may lower the ceiling but never below baseline + min_rise, so a run that starts near
+    maximum entropy (a randomly initialised model) and stays there or falls raises nothing.
+    """
 
     name = "entropy_explosion"
 
@@ -51,8 +54,17 @@ class ExplosionDetector(Detector):
         keys = (config.entropy_key, config.renyi2_key, config.reward_key, config.length_key)
         self.ema = {k: DebiasedEMA(config.smoothing) for k in keys}
         self.base = {k: Baseline(config.baseline_steps) for k in keys}
+        self.trend = {k: RollingOLS(config.trend_window) for k in keys[:2]}
         self.best_reward: float | None = None
         self.tiers = Tiers(config.cooldown, config.persist)
+
+    def ceiling(self, base: float) -> float:
+        """The level a statistic whose early baseline is `base` must pass to count as exploding."""
+        c = self.config
+        relative = max(base * c.rise_ratio, base + c.min_rise)
+        if self.log_v is None:
+            return relative
+        return max(min(relative, c.logv_fraction * self.log_v), base + c.min_rise)
 
     def observe(self, step: int, scalars: dict[str, float], seen: int) -> list[Alert]:
         c = self.config
@@ -60,42 +72,49 @@ class ExplosionDetector(Detector):
             if key in scalars:
                 ema.update(scalars[key])
                 self.base[key].update(scalars[key])
+                if key in self.trend:
+                    self.trend[key].add(step, ema.value)
         reward = self.ema[c.reward_key].value
         if reward is not None and seen >= c.warmup_steps:
             self.best_reward = reward if self.best_reward is None else max(self.best_reward, reward)
         if seen < c.warmup_steps:
             return []
-        worst = None  # (excess ratio, name, value, ceiling)
-        for key, label in ((c.entropy_key, "entropy"), (c.renyi2_key, "Rényi-2 entropy")):
+        worst = None  # (excess ratio, key, value, ceiling, baseline)
+        for key in (c.entropy_key, c.renyi2_key):
             value, base = self.ema[key].value, self.base[key]
             if value is None or not base.ready:
                 continue
-            ceiling = max(base.value * c.rise_ratio, base.value + c.min_rise)
-            if self.log_v is not None:
-                ceiling = min(ceiling, c.logv_fraction * self.log_v)
+            ceiling = self.ceiling(base.value)
             ratio = value / ceiling if ceiling > 0 else 0.0
             if worst is None or ratio > worst[0]:
-                worst = (ratio, label, value, ceiling)
+                worst = (ratio, key, value, ceiling, base.value)
         if worst is None:
             return []
-        ratio, label, value, ceiling = worst
+        ratio, key, value, ceiling, base = worst
         reasons = []
         if reward is not None and self.best_reward is not None and reward < self.best_reward - c.reward_drop:
-            reasons.append(f"reward fell to {reward:.3f} from {self.best_reward:.3f}")
+            reasons.append(f"`{c.reward_key}` fell to {reward:.3f} from its best {self.best_reward:.3f} "
+                           "(reward fell)")
         length, length_base = self.ema[c.length_key].value, self.base[c.length_key]
         if length is not None and length_base.ready and length > length_base.value * (1 + c.length_growth):
-            reasons.append(f"length grew to {length:.1f} from {length_base.value:.1f}")
-        active = ratio > 1.0
+            reasons.append(f"`{c.length_key}` grew to {length:.1f} from {length_base.value:.1f}")
+        fit = self.trend[key].fit()
+        # a level that wandered up and sits there unhurt is drift, not an explosion
+        climbing = fit is not None and fit[0] > 0 and fit[2] >= c.trend_min_r2
+        above = ratio > 1.0
         clear = ratio < 1.0 - c.hysteresis
-        severity = self.tiers.update(step, warn=active, crit=active and bool(reasons),
+        severity = self.tiers.update(step, warn=above and (climbing or bool(reasons)), crit=above and bool(reasons),
                                      warn_clear=clear, crit_clear=clear)
         if severity is None:
             return []
-        where = f" of log|V| = {self.log_v:.2f}" if self.log_v is not None else ""
-        msg = (f"Entropy explosion: smoothed {label} {value:.4f} nats is above its ceiling {ceiling:.4f}"
-               f" (baseline × {c.rise_ratio:g}, at least +{c.min_rise:g} nats"
-               f"{f', at most {c.logv_fraction:g}' + where if where else ''})"
-               + (f"; {' and '.join(reasons)}." if reasons else "."))
+        label = "entropy" if key == c.entropy_key else "Rényi-2 entropy"
+        cap = f", at most {c.logv_fraction:g} of log|V| = {self.log_v:.2f}" if self.log_v is not None else ""
+        evidence = (f"; {' and '.join(reasons)}." if reasons else
+                    f"; still climbing {fit[0]:+.4f} nats/step (r² {fit[2]:.2f}).")
+        msg = (f"Entropy explosion: smoothed {label} `{key}` = {value:.4f} nats stayed above its ceiling "
+               f"{ceiling:.4f} for {c.persist} steps, up {100 * (value / base - 1):.0f}% from the run's own "
+               f"baseline {base:.4f} (ceiling = baseline × {c.rise_ratio:g}, at least +{c.min_rise:g} nats{cap})"
+               f"{evidence}")
         return [self._alert(step, severity, msg, ACTION_EXPLOSION, value, ceiling)]
 
 
@@ -108,7 +127,7 @@ class DiversityDetector(Detector):
         super().__init__(config)
         self.group_k: int | None = None
         self.gap, self.gap_base = DebiasedEMA(config.smoothing), Baseline(config.baseline_steps)
-        self.pass1 = DebiasedEMA(config.smoothing)
+        self.pass1, self.pass1_base = DebiasedEMA(config.smoothing), Baseline(config.baseline_steps)
         self.zero_var, self.zero_var_base = DebiasedEMA(config.smoothing), Baseline(config.baseline_steps)
         self.tiers = Tiers(config.cooldown, config.persist)
 
@@ -124,6 +143,7 @@ class DiversityDetector(Detector):
         k = self._largest_k(scalars)
         if "pass@1" in scalars:
             self.pass1.update(scalars["pass@1"])
+            self.pass1_base.update(scalars["pass@1"])
             if k is not None and k > 1:
                 gap = scalars[f"pass@{k}"] - scalars["pass@1"]
                 self.gap.update(gap)
@@ -134,7 +154,10 @@ class DiversityDetector(Detector):
         if seen < c.warmup_steps:
             return []
         pass1 = self.pass1.value
-        below_target = pass1 is None or pass1 < c.pass1_target
+        # groups that agree because pass@1 crashed (an exploding run's first sign) lack reward, not
+        # diversity: the diversity fixes (more temperature, more entropy) would make that worse
+        crashed = pass1 is not None and pass1 < self.pass1_base.value * (1.0 - c.max_pass1_drop)
+        below_target = (pass1 is None or pass1 < c.pass1_target) and not crashed
         gap, gap_low, gap_thr, gap_clear = self.gap.value, False, None, True
         if gap is not None and self.gap_base.ready and self.gap_base.value >= c.min_baseline_gap:
             gap_thr = max(c.gap_floor, c.gap_fraction * self.gap_base.value)
@@ -151,10 +174,10 @@ class DiversityDetector(Detector):
             return []
         parts = []
         if gap_low:
-            parts.append(f"pass@{k} − pass@1 shrank to {gap:.3f} (baseline {self.gap_base.value:.3f}, "
-                         f"threshold {gap_thr:.3f})")
+            parts.append(f"`pass@{k}-pass@1` (pass@{k} − pass@1) shrank to {gap:.3f} (baseline "
+                         f"{self.gap_base.value:.3f}, threshold {gap_thr:.3f})")
         if zv_high:
-            parts.append(f"{100 * zv:.0f}% of groups have zero reward variance (baseline "
+            parts.append(f"`{c.zero_var_key}` = {zv:.3f}: {100 * zv:.0f}% of groups have zero reward variance (baseline "
                          f"{100 * self.zero_var_base.value:.0f}%, threshold {100 * zv_thr:.0f}%)")
         p1 = f"{pass1:.3f}" if pass1 is not None else "n/a"
         msg = f"Lost diversity: {' and '.join(parts)} while pass@1 is {p1} < {c.pass1_target:g}."
@@ -216,13 +239,17 @@ class StagnationDetector(Detector):
             return []
         slope, fitted, _ = self.trend.fit() or (0.0, reward, 0.0)
         gain = slope * self.trend.span
+        # a plateau the data show: even the optimistic end of the gain's interval is short of the
+        # minimum (a noisy reward's 100-step gain is uncertain by several hundredths)
+        upper = gain + c.confidence_z * self.trend.slope_se() * self.trend.span
         below = level < c.pass1_target
-        active = below and gain < c.min_improvement
+        active = below and upper < c.min_improvement
         cleared = not below or gain > c.min_improvement + c.hysteresis * abs(c.min_improvement)
         if not self.gate.update(step, active, cleared):
             return []
-        msg = (f"Stagnation: reward gained {gain:+.4f} over the last {self.trend.n} steps (now ≈{fitted:.3f}; "
-               f"plateau below +{c.min_improvement:g}) while pass@1 is {level:.3f} < target {c.pass1_target:g}.")
+        msg = (f"Stagnation: `{c.reward_key}` gained {gain:+.4f} (at most {upper:+.4f} at {c.confidence_z:g} "
+               f"standard errors) over the last {self.trend.n} steps (now ≈{fitted:.3f}; plateau below "
+               f"+{c.min_improvement:g}) while pass@1 is {level:.3f} < target {c.pass1_target:g}.")
         return [self._alert(step, "warning", msg, ACTION_STAGNATION, gain, c.min_improvement)]
 
 
