@@ -49,12 +49,14 @@ class LRU:
 
 
 class AppState:
-    """One app's reader and caches: the run page's frames and the tokens page's step rows."""
+    """One app's reader and caches: the run page's frames, the tokens page's step rows and
+    each run's colour scale."""
 
     def __init__(self, reader: Any, *, run_frames: int = 8, token_steps: int = 512):
         self.reader = reader
         self.run_frames = LRU(run_frames)      # (run, points, keys) -> frames already read
         self.token_rows = LRU(token_steps)     # (run, step) -> (tokens, samples)
+        self.token_scales = LRU(64)            # (run, metric) -> the run's fixed TokenScale
 
 
 def install(server: flask.Flask, reader: Any) -> AppState:

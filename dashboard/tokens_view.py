@@ -1,8 +1,8 @@
 """A completion rendered token by token as Dash components (never raw HTML: model text goes
 into `children`, which React escapes, so `<script>` in a completion is shown, not run).
 
-Colour = the chosen per-token metric; fork tokens are outlined, trained-on (selected) tokens
-underlined; the hover title lists every number of the token.
+Colour = the chosen per-token metric on the run's fixed scale (token_figures.TokenScale); fork
+tokens are outlined, trained-on (selected) tokens underlined; the hover lists every number.
 """
 from __future__ import annotations
 
@@ -12,33 +12,7 @@ import numpy as np
 import pandas as pd
 from dash import html
 
-METRICS = {"entropy": "entropy H", "renyi2": "Rényi-2 H2", "js": "JS to group",
-           "logp": "log-prob"}
-_RGB = {"entropy": (232, 89, 12), "renyi2": (95, 61, 196), "js": (11, 114, 133),
-        "logp": (201, 42, 42)}
-
-
-def metric_scale(tokens: pd.DataFrame, metric: str) -> float:
-    """The value that gets full colour: a high quantile, so one outlier does not pale the rest.
-    For log-prob the colour grows with surprise (-log p)."""
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
-    if tokens.empty or metric not in tokens:
-        return 1.0
-    vals = tokens[metric].to_numpy(np.float64)
-    vals = -vals if metric == "logp" else vals
-    vals = vals[np.isfinite(vals)]
-    return max(float(np.quantile(vals, 0.98)) if len(vals) else 0.0, 1e-6)
-
-
-def token_color(value: float | None, metric: str, scale: float) -> str:
-    """Background colour: transparent at 0, the metric's hue at `scale` and beyond."""
-    if value is None or not math.isfinite(value):
-        return "transparent"
-    strength = min(max((-value if metric == "logp" else value) / scale, 0.0), 1.0)
-    r, g, b = _RGB[metric]
-    return f"rgba({r},{g},{b},{0.08 + 0.77 * strength:.3f})" if strength > 0 else "transparent"
-
+from forksight.dashboard.token_figures import METRICS, UNITS, TokenScale, token_scale
 
 def _fmt(value, digits: int = 4) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
@@ -61,11 +35,13 @@ def token_title(row: dict) -> str:
     ])
 
 
-def token_spans(tokens: pd.DataFrame, metric: str = "entropy", scale: float | None = None
+def token_spans(tokens: pd.DataFrame, metric: str = "entropy", scale: TokenScale | None = None
                 ) -> list[html.Span]:
-    """One html.Span per token row (ordered by position): text as children, colour by metric,
-    class `fork` (outlined) and `sel` (underlined) where the data says so."""
-    scale = metric_scale(tokens, metric) if scale is None else scale
+    """One html.Span per token row (ordered by position): text as children, colour by metric
+    on `scale` (default: a scale read from these rows), class `fork` (outlined) and `sel`
+    (underlined) where the data says so."""
+    if scale is None:
+        scale = token_scale(tokens[metric] if metric in tokens else [], metric)
     spans = []
     for row in tokens.sort_values("pos", kind="stable").to_dict("records"):
         row = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
@@ -78,7 +54,7 @@ def token_spans(tokens: pd.DataFrame, metric: str = "entropy", scale: float | No
         spans.append(html.Span(
             children="∅" if text is None or text == "" else str(text),
             className=" ".join(classes), title=token_title(row),
-            style={"backgroundColor": token_color(row.get(metric), metric, scale)},
+            style={"backgroundColor": scale.color(row.get(scale.metric))},
             **{"data-pos": str(row.get("pos"))}))
     return spans
 
@@ -111,15 +87,24 @@ def sample_label(row: dict) -> str:
     return f"#{int(row['sample_id'])} · group {group_text} · reward {reward_text}{mark}"
 
 
-def legend(metric: str) -> html.Div:
-    """What the colours and marks mean, next to the completion."""
+def legend(scale: TokenScale) -> html.Div:
+    """The colour scale with its numbers (0, the fork threshold, the top), where the top comes
+    from, and what the outline and underline mean."""
+    def at(value: float) -> dict:
+        where = 100 * value / scale.top
+        # the end labels sit inside the bar's ends, the others centred on their value
+        shift = {0.0: "none", 100.0: "translateX(-100%)"}.get(round(where, 2), "translateX(-50%)")
+        return {"left": f"{where:.2f}%", "transform": shift}
+    ticks = [html.Span(label, className="scale-tick", style=at(v)) for v, label in scale.ticks()]
+    marks = [html.Span(className="scale-mark", style=at(v)) for v, _ in scale.ticks()[1:-1]]
+    gradient = f"linear-gradient(to right, {scale.fill(0.0)}, {scale.fill(1.0)})"
     return html.Div(className="tok-legend", children=[
-        html.Span("low", className="tok", style={"backgroundColor":
-                                                 token_color(0.05, metric, 1.0)}),
-        html.Span(" → ", style={"margin": "0 4px"}),
-        html.Span("high " + METRICS[metric], className="tok",
-                  style={"backgroundColor": token_color(1.0 if metric != "logp" else -1.0,
-                                                        metric, 1.0)}),
-        html.Span("fork token (H ≥ threshold)", className="tok fork", style={"marginLeft": "14px"}),
+        html.Span(f"{METRICS[scale.metric]}, fixed for this run: ", className="scale-name"),
+        html.Div(className="scale", id="tok-scale", **{"data-top": f"{scale.top:.6g}"},
+                 children=[html.Div(className="scale-bar", style={"background": gradient}),
+                           *marks, *ticks]),
+        html.Span(f"{UNITS[scale.metric]} · top = {scale.source}", className="scale-source"),
+        html.Span("fork token (H ≥ threshold)", className="tok fork",
+                  style={"marginLeft": "14px"}),
         html.Span("trained on", className="tok sel", style={"marginLeft": "10px"}),
     ])

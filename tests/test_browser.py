@@ -25,6 +25,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 RUN, OTHER = "grpo-collapse", "fork-20pct"
+COLLAPSED, LIVE = "collapsed-at-end", "tokens-live"   # issue 16: fixed colours, live slider
+HEALTHY_STEPS, COLLAPSED_H = 6, 5e-5                  # then one step at ~5e-5 nats per token
 STEPS, OF_TOTAL = 80, 400             # mid-collapse: the forecast lies ahead of the curve
 XSS_STEP = STEPS                      # one extra step whose model text is hostile
 PAYLOADS = ('<script>window.__xss=1</script>', '<img src=x onerror="window.__xss=1">')
@@ -50,7 +52,7 @@ def served(tmp_path_factory):
     """A seeded DuckDB file behind `forksight serve` with the dashboard."""
     from forksight.monitor.ingest import Ingest
     from forksight.monitor.store import Store
-    from synthetic import seed_run
+    from synthetic import seed_run, step_records
 
     chromium = require_browser()
     db = tmp_path_factory.mktemp("dash") / "runs.duckdb"
@@ -60,6 +62,12 @@ def served(tmp_path_factory):
         other = seed_run(store, OTHER, 20, strategy="fork", collapse=False, seed=2)
         store.update_run(other, status="finished")
         store.write(RUN, _xss_records(), batch_id="xss").result()
+        # healthy steps, then the state a real --preset collapse run stores at its end
+        collapsed = seed_run(store, COLLAPSED, HEALTHY_STEPS, strategy="all", collapse=False,
+                             seed=3)
+        store.write(collapsed, step_records(np.random.default_rng(3), HEALTHY_STEPS,
+                                            HEALTHY_STEPS + 1, token_entropy=COLLAPSED_H)).result()
+        seed_run(store, LIVE, 4, strategy="fork", collapse=False, seed=4)
     with ServeProcess(db, dashboard=True) as srv:
         yield srv, chromium
 
@@ -255,3 +263,99 @@ def test_xss_payload_in_model_text_is_shown_not_run(served, page):
     assert len(page.query_selector_all("#tok-main .tok.fork")) == 2
     text = page.inner_text("body")
     assert PAYLOADS[0] in text and PAYLOADS[1] in text     # the prompt and other rollouts too
+
+
+# ---------------------------------------------------------------- tokens: issue 16
+def span_alphas(page) -> list[float]:
+    """The background opacity of every token span of the main completion, as Chromium paints it."""
+    return page.evaluate("""() => Array.from(document.querySelectorAll('#tok-main .tok'), el => {
+        const m = getComputedStyle(el).backgroundColor.match(/rgba?\\(([^)]*)\\)/);
+        const parts = m ? m[1].split(',').map(Number) : [];
+        return parts.length === 4 ? parts[3] : (parts.length === 3 ? 1 : 0); })""")
+
+
+def test_collapsed_step_is_pale_and_healthy_step_strong_on_one_scale(served, page, tmp_path):
+    import httpx
+
+    srv, _ = served
+    shots = shots_dir(tmp_path)
+    legends = {}
+    for step, name in ((0, "tokens-healthy.png"), (HEALTHY_STEPS, "tokens-collapsed.png")):
+        page.goto(f"{srv.url}/tokens?run={COLLAPSED}&step={step}&sample=0")
+        wait_step(page, step)
+        page.wait_for_selector("#tok-main .tok")
+        rows = httpx.get(f"{srv.url}/api/runs/{COLLAPSED}/tokens",
+                         params={"step": step, "sample_id": 0}).json()
+        alphas = span_alphas(page)
+        assert len(alphas) == len(rows)
+        legends[step] = page.inner_text("#tok-legend")
+        top = float(page.get_attribute("#tok-scale", "data-top"))
+        # every span's opacity is its entropy on the run's one scale (0.85 at the top)
+        want = [0.85 * min(r["entropy"] / top, 1.0) for r in rows]
+        assert np.allclose(alphas, want, atol=0.01)
+        if step == 0:
+            assert max(alphas) >= 0.6 and np.mean(alphas) >= 0.15, alphas   # strongly coloured
+        else:
+            assert all(r["entropy"] < 1e-3 for r in rows)
+            assert max(alphas) < 0.01, alphas                                  # near-transparent
+        page.wait_for_selector("#tok-history .main-svg")
+        page.wait_for_load_state("networkidle")
+        time.sleep(0.5)
+        page.screenshot(path=str(shots / name), full_page=True)
+    # the same stated scale at both steps: its numbers and the fork threshold are on the legend
+    assert legends[0] == legends[HEALTHY_STEPS]
+    assert "0.672" in legends[0] and "fork" in legends[0]
+    assert page.errors == []
+
+
+def _step_json(step: int, batch_id: str) -> dict:
+    """A synthetic step as the JSON ingest body a producer sends over HTTP."""
+    from synthetic import step_records
+
+    rec = step_records(np.random.default_rng(step), step, step + 10, collapse=False)
+    tokens = {k: v for k, v in rec.tokens.to_pydict().items() if k not in ("rank", "step")}
+    samples = [{k: v for k, v in r.items() if k != "rank"} for r in rec.samples.to_pylist()]
+    scalars = [{k: r[k] for k in ("step", "key", "value")} for r in rec.scalars.to_pylist()]
+    return {"batch_id": batch_id, "scalars": scalars, "samples": samples,
+            "tokens": [{"step": step, **tokens}]}
+
+
+def slider_max(page) -> int:
+    return int(page.get_attribute("#tok-step [role=slider]", "aria-valuemax"))
+
+
+def test_step_slider_follows_new_steps_live_keeping_the_users_pick(served, page):
+    import httpx
+
+    srv, _ = served
+    page.goto(f"{srv.url}/tokens?run={LIVE}&sample=5")          # newest step, sample #5
+    wait_step(page, 3)
+    page.wait_for_selector("#tok-main .tok")
+    page.evaluate("window.__same_page = 1")
+    assert slider_max(page) == 3
+    response = httpx.post(f"{srv.url}/api/runs/{LIVE}/ingest", json=_step_json(4, "live-tok-4"))
+    assert response.status_code == 200, response.text
+    sent = time.monotonic()
+    wait = """s => { const el = document.querySelector('#tok-step-label');
+        return el !== null && el.innerText === 'step ' + s; }"""
+    page.wait_for_function(wait, arg=4, timeout=5_000, polling=50)
+    latency = time.monotonic() - sent
+    assert latency <= 2.0, f"the new step took {latency:.2f} s to reach the slider"
+    assert slider_max(page) == 4 and page.evaluate("window.__same_page") == 1
+    rows = httpx.get(f"{srv.url}/api/runs/{LIVE}/tokens", params={"step": 4, "sample_id": 5}).json()
+    assert [s.inner_text() for s in page.query_selector_all("#tok-main .tok")] == \
+        [r["token"] for r in rows]                              # still sample #5, of step 4
+    assert page.inner_text("#tok-main-wrap .rollout-head").startswith("#5 ")
+    # a user who went back to an earlier step stays there while the run moves on
+    page.goto(f"{srv.url}/tokens?run={LIVE}&step=1&sample=5")
+    wait_step(page, 1)
+    page.wait_for_selector("#tok-main .tok")
+    assert page.inner_text("#tok-main-wrap .rollout-head").startswith("#5 ")
+    response = httpx.post(f"{srv.url}/api/runs/{LIVE}/ingest", json=_step_json(5, "live-tok-5"))
+    assert response.status_code == 200, response.text
+    page.wait_for_function("() => document.querySelector('#tok-step [role=slider]')"
+                           ".getAttribute('aria-valuemax') === '5'", timeout=5_000, polling=50)
+    time.sleep(0.3)
+    assert page.inner_text("#tok-step-label") == "step 1"
+    assert page.inner_text("#tok-main-wrap .rollout-head").startswith("#5 ")
+    assert page.errors == []

@@ -109,3 +109,13 @@ def test_runs_page_reads_all_sparklines_in_one_query_with_the_per_run_values(tmp
             assert rows[run_id]["trend"] == sparkline(ent)
             assert rows[run_id]["entropy"] == pytest.approx(round(ent[-1], 3))
             assert rows[run_id]["pass1"] == pytest.approx(round(p1[-1], 3))
+
+
+def test_slider_follows_the_newest_step_only_when_the_user_is_on_it():
+    from forksight.dashboard.pages.tokens import follow_index
+
+    assert follow_index([0, 1, 2], [0, 1, 2, 3], 2) == 3        # on the newest: follow
+    assert follow_index([], [0, 1], None) == 1                   # nothing shown yet: newest
+    assert follow_index([0, 1, 2], [0, 1, 2, 3], 1) == 1         # picked step 1: stays
+    # steps arriving out of order (ranks): the picked step keeps its place by value
+    assert follow_index([0, 4, 8], [0, 2, 4, 8, 9], 1) == 2

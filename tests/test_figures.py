@@ -310,3 +310,58 @@ def test_controls_refuse_bad_input_with_the_reason():
         Controls.from_inputs(0.5, "time", [], 1000, [])
     assert Controls.from_inputs(0.5, "wall", ["log"], "all", ["lr"]).log_y is True
 
+
+# ---------------------------------------------------------------- tokens: one fixed scale per run
+def _alpha(css: str) -> float:
+    return 0.0 if css == "transparent" else float(css.rsplit(",", 1)[1].rstrip(")"))
+
+
+def test_token_scale_is_fixed_by_the_early_steps_so_a_collapsed_step_looks_pale():
+    from forksight.dashboard.token_figures import MAX_ALPHA, token_scale
+
+    rng = np.random.default_rng(0)
+    early = rng.gamma(1.5, 0.8, 500)                       # a healthy run's first steps
+    scale = token_scale(early, "entropy", vocab_size=311, steps=[0, 1, 2])
+    assert scale.top == pytest.approx(np.sort(early)[int(round(0.95 * (len(early) - 1)))],
+                                      rel=0.02)            # their 95th percentile
+    healthy = pd.DataFrame({"pos": range(6), "token": list("abcdef"),
+                            "entropy": [0.2, 1.1, 2.5, 0.7, 1.8, 0.05]})
+    collapsed = healthy.assign(entropy=5e-5)               # what a collapsed run stores
+    pale = [_alpha(s.style["backgroundColor"]) for s in token_spans(collapsed, "entropy", scale)]
+    strong = [_alpha(s.style["backgroundColor"]) for s in token_spans(healthy, "entropy", scale)]
+    assert max(pale) == pytest.approx(MAX_ALPHA * 5e-5 / scale.top, abs=1e-3) and max(pale) < 0.01
+    assert strong == pytest.approx([min(MAX_ALPHA * h / scale.top, MAX_ALPHA)
+                                    for h in healthy["entropy"]], abs=1e-3)
+    # the old per-step normalisation painted both steps alike; a fixed scale cannot
+    assert np.mean(strong) > 20 * np.mean(pale)
+
+
+def test_token_scale_floors_caps_and_marks():
+    from forksight.dashboard.token_figures import FLOOR, token_scale
+
+    assert token_scale([1e-4] * 50, "entropy").top == FLOOR["entropy"]   # born collapsed
+    assert token_scale([40.0] * 50, "entropy", vocab_size=311).top == pytest.approx(math.log(311))
+    assert token_scale([5.0] * 50, "js").top == pytest.approx(math.log(2))   # JS ≤ ln 2
+    surprise = token_scale([-3.0, -1.0, -2.0], "logp")                       # by −log p
+    assert surprise.top == pytest.approx(np.quantile([3.0, 1.0, 2.0], 0.95))
+    assert surprise.strength(-surprise.top) == 1.0 and surprise.strength(0.0) == 0.0
+    ticks = token_scale([2.0] * 10, "entropy").ticks()
+    assert [v for v, _ in ticks] == pytest.approx([0.0, F.FORK_THRESHOLD, 2.0])
+    assert "fork" in ticks[1][1]
+
+
+def test_position_heatmap_uses_the_token_colours_and_numbers():
+    from forksight.dashboard.token_figures import position_step_heatmap, token_scale
+
+    rows = pd.DataFrame({"step": [0, 0, 9, 9], "pos": [0, 1, 0, 1],
+                         "entropy": [1.2, 0.4, 5e-5, 6e-5], "logp": [-1.0, -0.2, -1e-5, 0.0]})
+    scale = token_scale([0.5, 1.0, 1.5, 2.0], "entropy")
+    fig = position_step_heatmap(rows, scale)
+    go.Figure(fig)
+    trace = fig["data"][0]
+    assert (trace["zmin"], trace["zmax"]) == (0.0, scale.top)
+    assert trace["colorscale"] == [[0.0, scale.color(0.0)], [1.0, scale.color(scale.top)]]
+    assert trace["colorbar"]["tickvals"] == pytest.approx([v for v, _ in scale.ticks()])
+    assert np.allclose(trace["z"], [[1.2, 5e-5], [0.4, 6e-5]], rtol=1e-9)   # pos × step
+    surprise = position_step_heatmap(rows, token_scale(rows["logp"], "logp"))
+    assert surprise["data"][0]["z"][0] == pytest.approx([1.0, 1e-5])    # drawn as −log p

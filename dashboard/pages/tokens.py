@@ -1,28 +1,44 @@
 """Tokens page: one step's completion token by token (colour = entropy, Rényi-2, JS or
-log-prob; fork tokens outlined; trained-on tokens underlined; hover = every number), the
-group's other rollouts beside it, and a position × step heatmap for that prompt."""
+surprise on the run's fixed scale; fork tokens outlined; trained-on tokens underlined; hover =
+every number), the group's other rollouts beside it, and a position × step heatmap for that
+prompt on the same scale. The step slider follows new steps while the run trains."""
 from __future__ import annotations
 
 import dash
 import pandas as pd
-from dash import Input, Output, State, dcc, html
+from dash import Input, Output, State, ctx, dcc, html, no_update
 
 from forksight.dashboard import data
 from forksight.dashboard.data import LRU
 from forksight.dashboard.figures import downsample_indices
-from forksight.dashboard.token_figures import position_step_heatmap
-from forksight.dashboard.tokens_view import (METRICS, legend, metric_scale, pick_sample,
-                                             sample_label, token_spans)
+from forksight.dashboard.run_view import vocab_size
+from forksight.dashboard.token_figures import (EARLY_STEPS, METRICS, TokenScale,
+                                               position_step_heatmap, token_scale)
+from forksight.dashboard.tokens_view import legend, pick_sample, sample_label, token_spans
 
 HISTORY_STEPS = 24      # columns of the position × step heatmap (one read per step, cached)
+TICK_MS = 1000          # how often an open page looks for new steps (as the run page does)
 
 
-def _step_rows(reader, run_id: str, step: int, cache: LRU | None = None
-               ) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _step_rows(reader, run_id: str, step: int, cache: LRU | None = None,
+               newest: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     def read():
         return reader.read_tokens(run_id, step), reader.read_samples(run_id, step=step)
-    # a past step's rows never change: the app caches them so the heatmap and slider stay fast
-    return read() if cache is None else cache.get_or_compute((run_id, step), read)
+    # a past step's rows never change: the app caches them so the heatmap and slider stay
+    # fast; the newest step may still get rows from other ranks, so it is read again
+    if cache is None or (newest is not None and step >= newest):
+        return read()
+    return cache.get_or_compute((run_id, step), read)
+
+
+def run_scale(reader, run_id: str, metric: str, steps: list[int],
+              cache: LRU | None = None) -> TokenScale:
+    """The run's fixed colour scale for `metric`, read from its first EARLY_STEPS token steps
+    (`steps`: the run's token steps, ascending)."""
+    early = [int(s) for s in steps[:EARLY_STEPS]]
+    parts = [_step_rows(reader, run_id, s, cache, newest=steps[-1])[0] for s in early]
+    values = pd.concat([p[metric] for p in parts if metric in p]) if parts else []
+    return token_scale(values, metric, vocab_size=vocab_size(reader.run(run_id)), steps=early)
 
 
 def sample_options(tokens: pd.DataFrame, samples: pd.DataFrame) -> list[dict]:
@@ -38,7 +54,8 @@ def sample_options(tokens: pd.DataFrame, samples: pd.DataFrame) -> list[dict]:
     return options
 
 
-def _rollout(row: dict, tokens: pd.DataFrame, metric: str, scale: float, main: bool) -> html.Div:
+def _rollout(row: dict, tokens: pd.DataFrame, metric: str, scale: TokenScale,
+             main: bool) -> html.Div:
     mine = tokens[tokens["sample_id"] == row["sample_id"]] if not tokens.empty else tokens
     body = token_spans(mine, metric, scale) if not mine.empty else \
         [html.Span(row.get("completion") or "", className="plain")]
@@ -50,12 +67,15 @@ def _rollout(row: dict, tokens: pd.DataFrame, metric: str, scale: float, main: b
 
 
 def render_step(reader, run_id: str, step: int, choice: str | None, metric: str,
-                cache: LRU | None = None) -> dict:
+                cache: LRU | None = None, scale: TokenScale | None = None,
+                newest: int | None = None) -> dict:
     """Everything the page shows for one step and pick: options, prompt, the chosen
-    completion as token spans, and the group's other rollouts."""
+    completion as token spans on the run's scale, and the group's other rollouts."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
-    tokens, samples = _step_rows(reader, run_id, int(step), cache)
+    if scale is None:
+        scale = run_scale(reader, run_id, metric, reader.token_steps(run_id), cache)
+    tokens, samples = _step_rows(reader, run_id, int(step), cache, newest)
     options = sample_options(tokens, samples)
     values = [o["value"] for o in options]
     if choice not in values:
@@ -65,8 +85,7 @@ def render_step(reader, run_id: str, step: int, choice: str | None, metric: str,
         sid = int(choice)
     if sid is None:
         return {"options": options, "choice": choice, "prompt": "", "main": [],
-                "group": [], "sample_id": None}
-    scale = metric_scale(tokens, metric)
+                "group": [], "sample_id": None, "scale": scale}
     row = next((r for r in samples.to_dict("records") if int(r["sample_id"]) == sid),
                {"sample_id": sid, "group_id": None, "reward": None, "correct": None,
                 "prompt": None, "completion": None})
@@ -76,7 +95,7 @@ def render_step(reader, run_id: str, step: int, choice: str | None, metric: str,
         group = [_rollout(r, tokens, metric, scale, False) for r in mates.to_dict("records")]
     return {"options": options, "choice": choice, "prompt": row.get("prompt") or "",
             "main": [_rollout(row, tokens, metric, scale, True)], "group": group,
-            "sample_id": sid}
+            "sample_id": sid, "scale": scale}
 
 
 MIN_PROMPT_STEPS = 3    # fewer steps with this prompt: show every sampled rollout instead
@@ -92,7 +111,7 @@ def prompt_history(reader, run_id: str, prompt: str | None, metric: str,
     steps = [steps[i] for i in downsample_indices(len(steps), max_steps)]
     parts, matched = [], 0
     for step in steps:
-        tokens, samples = _step_rows(reader, run_id, int(step), cache)
+        tokens, samples = _step_rows(reader, run_id, int(step), cache, newest=steps[-1])
         if tokens.empty:
             continue
         if prompt and not samples.empty:
@@ -110,6 +129,21 @@ def prompt_history(reader, run_id: str, prompt: str | None, metric: str,
 def _runs(reader) -> list[dict]:
     return [{"label": f"{r['name']} · {r.get('strategy') or '–'}", "value": r["run_id"]}
             for r in reader.list_runs().to_dict("records")]
+
+
+def _marks(steps: list[int]) -> dict | None:
+    return {int(i): str(steps[i]) for i in downsample_indices(len(steps), 8)} if steps else None
+
+
+def follow_index(old: list[int], new: list[int], index: int | None) -> int | None:
+    """Where the slider goes when the run's steps grow from `old` to `new`: to the newest step
+    when it was on the newest (or nothing was shown), else stays on the step the user picked."""
+    if not new:
+        return None
+    if not old or index is None or int(index) >= len(old) - 1:
+        return len(new) - 1
+    picked = old[int(index)]
+    return new.index(picked) if picked in new else int(index)
 
 
 def layout(run: str | None = None, step: str | None = None, sample: str | None = None,
@@ -134,7 +168,10 @@ def layout(run: str | None = None, step: str | None = None, sample: str | None =
                                               for k, v in METRICS.items()])],
                      className="control"),
         ]),
+        # the URL's step and sample: the dropdown drops a value its (still empty) options
+        # lack when it mounts, so the wish is kept here until the step's options exist
         dcc.Store(id="tok-steps"), dcc.Store(id="tok-want-step", data=step),
+        dcc.Store(id="tok-want-sample", data=sample), dcc.Store(id="tok-shown"),
         html.Div(id="tok-legend"),
         html.Div(className="prompt", children=[html.Strong("prompt "),
                                                html.Span(id="tok-prompt")]),
@@ -144,6 +181,7 @@ def layout(run: str | None = None, step: str | None = None, sample: str | None =
                      className="token-group"),
         ]),
         dcc.Graph(id="tok-history", config={"displaylogo": False}),
+        dcc.Interval(id="tok-tick", interval=TICK_MS),
     ])
 
 
@@ -151,10 +189,10 @@ def register(app: dash.Dash) -> None:
     """The page and its callbacks on `app`."""
     dash.register_page(__name__, path="/tokens", name="Tokens", title="forksight · tokens",
                        layout=layout)
+    slider = (Output("tok-steps", "data"), Output("tok-step", "max"),
+              Output("tok-step", "value"), Output("tok-step", "marks"))
 
-    @app.callback(Output("tok-steps", "data"), Output("tok-step", "max"),
-                  Output("tok-step", "value"), Output("tok-step", "marks"),
-                  Input("tok-run", "value"), State("tok-want-step", "data"))
+    @app.callback(*slider, Input("tok-run", "value"), State("tok-want-step", "data"))
     def load_steps(run_id, wanted):
         steps = data.reader().token_steps(run_id) if run_id else []
         if not steps:
@@ -162,36 +200,63 @@ def register(app: dash.Dash) -> None:
         index = len(steps) - 1
         if wanted is not None and str(wanted).isdigit() and int(wanted) in steps:
             index = steps.index(int(wanted))
-        ticks = downsample_indices(len(steps), 8)
-        return steps, len(steps) - 1, index, {int(i): str(steps[i]) for i in ticks}
+        return steps, len(steps) - 1, index, _marks(steps)
+
+    @app.callback(*[Output(o.component_id, o.component_property, allow_duplicate=True)
+                    for o in slider],
+                  Input("tok-tick", "n_intervals"), State("tok-run", "value"),
+                  State("tok-steps", "data"), State("tok-step", "value"),
+                  prevent_initial_call=True)
+    def follow(_n, run_id, steps, index):
+        new = data.reader().token_steps(run_id) if run_id else []
+        if not new or new == (steps or []):
+            return (no_update,) * 4
+        moved = follow_index(steps or [], new, index)
+        return new, len(new) - 1, no_update if moved == index else moved, _marks(new)
 
     @app.callback(Output("tok-sample", "options"), Output("tok-sample", "value"),
                   Output("tok-prompt", "children"), Output("tok-main-wrap", "children"),
                   Output("tok-group", "children"), Output("tok-legend", "children"),
-                  Output("tok-step-label", "children"),
+                  Output("tok-step-label", "children"), Output("tok-shown", "data"),
                   Input("tok-step", "value"), Input("tok-sample", "value"),
-                  Input("tok-metric", "value"), State("tok-steps", "data"),
-                  State("tok-run", "value"))
-    def show(index, choice, metric, steps, run_id):
+                  Input("tok-metric", "value"), Input("tok-steps", "data"),
+                  State("tok-run", "value"), State("tok-shown", "data"),
+                  State("tok-want-sample", "data"))
+    def show(index, choice, metric, steps, run_id, shown, wanted):
         if not steps or run_id is None:
-            return [], None, "", html.P("no token rows logged for this run yet"), [], [], "step"
+            return ([], None, "", html.P("no token rows logged for this run yet"), [], [],
+                    "step", None)
         step = steps[min(int(index or 0), len(steps) - 1)]
+        if set(ctx.triggered_prop_ids) == {"tok-steps.data"} and shown == [run_id, step]:
+            return (no_update,) * 8     # new steps arrived, the shown one is unchanged
         app_state = data.current()
-        out = render_step(app_state.reader, run_id, step, choice, metric, app_state.token_rows)
+        scale = _scale(app_state, run_id, metric, steps)
+        out = render_step(app_state.reader, run_id, step, choice or wanted, metric,
+                          app_state.token_rows, scale, newest=steps[-1])
         return (out["options"], out["choice"], out["prompt"], out["main"], out["group"],
-                legend(metric), f"step {step}")
+                legend(scale), f"step {step}", [run_id, step])
 
     @app.callback(Output("tok-history", "figure"), Input("tok-prompt", "children"),
-                  Input("tok-metric", "value"), State("tok-run", "value"))
-    def history(prompt, metric, run_id):
-        if not run_id:
+                  Input("tok-metric", "value"), Input("tok-steps", "data"),
+                  State("tok-run", "value"))
+    def history(prompt, metric, steps, run_id):
+        if not run_id or not steps:
             return position_step_heatmap(None)
         app_state = data.current()
         rows, mine = prompt_history(app_state.reader, run_id, prompt or None, metric,
                                     cache=app_state.token_rows)
-        title = f"{metric} by position across training: this prompt's rollouts" if mine \
-            else f"{metric} by position across training: every sampled rollout"
-        return position_step_heatmap(rows, metric, title=title)
+        which = "this prompt's rollouts" if mine else "every sampled rollout"
+        return position_step_heatmap(rows, _scale(app_state, run_id, metric, steps),
+                                     title=f"{METRICS[metric]} by position across training "
+                                           f"(same colours as the tokens): {which}")
 
 
-
+def _scale(app_state: data.AppState, run_id: str, metric: str, steps: list[int]) -> TokenScale:
+    # fixed once the run has its first EARLY_STEPS token steps: kept for the app's lifetime
+    key = (run_id, metric)
+    scale = app_state.token_scales.get(key)
+    if scale is None:
+        scale = run_scale(app_state.reader, run_id, metric, steps, app_state.token_rows)
+        if len(steps) >= EARLY_STEPS:
+            app_state.token_scales.put(key, scale)
+    return scale
