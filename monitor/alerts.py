@@ -294,5 +294,6 @@ class AlertHub:
 
 
 def alert_row(run_id: str, alert: Alert, wall_time: float) -> dict:
-    """An Alert as a row of the `alerts` table (wall_time: seconds since the epoch)."""
-    return {"run_id": run_id, "wall_time": wall_time, **alert.model_dump()}
+    """An Alert as a row of the `alerts` table (wall_time: seconds since the epoch); the signal
+    key has no column and travels in the message (detectors.signal_of reads it back)."""
+    return {"run_id": run_id, "wall_time": wall_time, **alert.model_dump(exclude={"signal"})}

@@ -23,6 +23,7 @@ class CollapseDetector(Detector):
     """Entropy below a floor (critical), fallen far from baseline or forecast to hit the floor (warning)."""
 
     name = "entropy_collapse"
+    fix = "raise clip-high or the entropy bonus, lower the learning rate, or train on fork/ICT tokens"
 
     def __init__(self, config: CollapseConfig) -> None:
         super().__init__(config)
@@ -70,13 +71,13 @@ class CollapseDetector(Detector):
         head = f"smoothed entropy {smooth:.4f} nats, down {pct:.0f}% from its baseline {base:.4f}"
         if severity == "critical":
             msg = f"Entropy collapsed: {head}, below the floor {floor:.4f}.{self._ceiling_note()}"
-            return [self._alert(step, "critical", msg, ACTION_COLLAPSE, smooth, floor)]
+            return [self._alert(step, "critical", msg, ACTION_COLLAPSE, smooth, floor, signal=c.key)]
         if predicted is not None:
             msg = (f"Entropy collapse forecast: {head}; {how} reaches the floor {floor:.4f} at step "
                    f"{predicted} ({predicted - step} steps ahead).{self._ceiling_note()}")
-            return [self._alert(step, "warning", msg, ACTION_COLLAPSE, smooth, floor, predicted)]
+            return [self._alert(step, "warning", msg, ACTION_COLLAPSE, smooth, floor, predicted, signal=c.key)]
         msg = f"Entropy falling fast: {head} (warns at {100 * c.warn_drop_fraction:.0f}% down).{self._ceiling_note()}"
-        return [self._alert(step, "warning", msg, ACTION_COLLAPSE, smooth, drop_level)]
+        return [self._alert(step, "warning", msg, ACTION_COLLAPSE, smooth, drop_level, signal=c.key)]
 
     def _forecast(self, step: int, smooth: float, base: float, floor: float) -> tuple[int | None, str]:
         """(step at which a fitted decay crosses the floor if within the horizon, how it was fitted):
@@ -126,6 +127,7 @@ class CovarianceDetector(Detector):
     """Sustained positive Cov(log π, A): the mechanism of entropy loss, seen before the loss itself."""
 
     name = "covariance"
+    fix = "apply Clip-Cov or KL-Cov, or raise clip-high"
 
     def __init__(self, config: CovarianceConfig) -> None:
         super().__init__(config)
@@ -169,4 +171,4 @@ class CovarianceDetector(Detector):
         msg = (f"Cov(log π, A) was positive on {self.positive} of the last {n} steps (mean {mean:.3g}, "
                f"{t:.1f} standard errors above 0) while `{c.entropy_key}` is {100 * drop:.0f}% below baseline and "
                f"fell {100 * recent:.0f}% over the last {len(self.entropy_window) - 1} steps: entropy will keep falling.")
-        return [self._alert(step, "warning", msg, ACTION_COVARIANCE, mean, 0.0)]
+        return [self._alert(step, "warning", msg, ACTION_COVARIANCE, mean, 0.0, signal=c.key)]

@@ -6,6 +6,7 @@ so a step costs microseconds however long the run is.
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from typing import TYPE_CHECKING, Literal
 
@@ -29,6 +30,20 @@ class Alert(BaseModel):
     value: float | None = Field(None, description="the (smoothed) statistic that crossed the threshold")
     threshold: float | None = Field(None, description="the threshold it crossed")
     forecast: int | None = Field(None, description="predicted step of the crossing, for forecasts")
+    signal: str | None = Field(None, description="the scalar key the value belongs to (also in the message: see signal_of)")
+
+
+_SIGNAL = re.compile(r"\[signal `([^`]+)` = ")
+
+
+def signal_of(message: str) -> str | None:
+    """The scalar key an alert row's message names as its evidence (the alerts table has no column for it)."""
+    found = _SIGNAL.search(message or "")
+    return found.group(1) if found else None
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4g}"
 
 
 # ---------------------------------------------------------------------------- bounded state
@@ -195,10 +210,18 @@ class Detector:
     def __init__(self, config: DetectorConfig) -> None:
         self.config = config
 
+    fix = "see the action"  # the first thing to try, named in every message
+
     def _alert(self, step: int, severity: Severity, message: str, action: str, value: float | None,
-               threshold: float | None, forecast: int | None = None) -> Alert:
+               threshold: float | None, forecast: int | None = None, *, signal: str) -> Alert:
+        """The message ends in the evidence (signal, value, threshold, forecast) and the fix, in the
+        same words for every detector, so a reader or the dashboard finds them in the stored row."""
+        numbers = f"signal `{signal}` = {_num(value)}, threshold {_num(threshold)}"
+        if forecast is not None:
+            numbers += f", forecast step {forecast}"
+        message = f"{message} [{numbers}] Fix: {self.fix}."
         return Alert(detector=self.name, severity=severity, step=step, message=message, action=action,
-                     value=value, threshold=threshold, forecast=forecast)
+                     value=value, threshold=threshold, forecast=forecast, signal=signal)
 
     def observe(self, step: int, scalars: dict[str, float], seen: int) -> list[Alert]:
         raise NotImplementedError

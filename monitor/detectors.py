@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from forksight.monitor.collapse import ACTION_COLLAPSE, ACTION_COVARIANCE, CollapseDetector, CovarianceDetector
 from forksight.monitor.detector_base import (Alert, Baseline, DebiasedEMA, Detector, Gate, RollingOLS, Severity,
-                                             Tiers)
+                                             Tiers, signal_of)
 
 if TYPE_CHECKING:
     from forksight.monitor.alerts import (DiversityConfig, ExplosionConfig, ForkConfig, NonFiniteConfig,
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Alert", "Baseline", "DebiasedEMA", "Detector", "Gate", "RollingOLS", "Severity", "Tiers",
            "CollapseDetector", "CovarianceDetector", "ExplosionDetector", "DiversityDetector", "ForkDetector",
-           "StagnationDetector", "NonFiniteDetector", "ACTION_COLLAPSE", "ACTION_COVARIANCE"]
+           "StagnationDetector", "NonFiniteDetector", "ACTION_COLLAPSE", "ACTION_COVARIANCE", "signal_of"]
 
 # ---------------------------------------------------------------------------- actions
 ACTION_EXPLOSION = ("Entropy is running away (incoherent chains): lower the learning rate, reduce or remove "
@@ -47,6 +47,7 @@ class ExplosionDetector(Detector):
     """
 
     name = "entropy_explosion"
+    fix = "lower the learning rate, reduce the entropy bonus or raise the KL penalty"
 
     def __init__(self, config: ExplosionConfig, vocab_size: int | None = None) -> None:
         super().__init__(config)
@@ -115,13 +116,14 @@ class ExplosionDetector(Detector):
                f"{ceiling:.4f} for {c.persist} steps, up {100 * (value / base - 1):.0f}% from the run's own "
                f"baseline {base:.4f} (ceiling = baseline × {c.rise_ratio:g}, at least +{c.min_rise:g} nats{cap})"
                f"{evidence}")
-        return [self._alert(step, severity, msg, ACTION_EXPLOSION, value, ceiling)]
+        return [self._alert(step, severity, msg, ACTION_EXPLOSION, value, ceiling, signal=key)]
 
 
 class DiversityDetector(Detector):
     """pass@G − pass@1 shrinking towards 0 while pass@1 < target, or zero-variance groups rising."""
 
     name = "lost_diversity"
+    fix = "raise the temperature or clip-high, or drop zero-variance groups"
 
     def __init__(self, config: DiversityConfig) -> None:
         super().__init__(config)
@@ -181,14 +183,15 @@ class DiversityDetector(Detector):
                          f"{100 * self.zero_var_base.value:.0f}%, threshold {100 * zv_thr:.0f}%)")
         p1 = f"{pass1:.3f}" if pass1 is not None else "n/a"
         msg = f"Lost diversity: {' and '.join(parts)} while pass@1 is {p1} < {c.pass1_target:g}."
-        value, thr = (gap, gap_thr) if gap_low else (zv, zv_thr)
-        return [self._alert(step, severity, msg, ACTION_DIVERSITY, value, thr)]
+        value, thr, key = (gap, gap_thr, f"pass@{k}-pass@1") if gap_low else (zv, zv_thr, c.zero_var_key)
+        return [self._alert(step, severity, msg, ACTION_DIVERSITY, value, thr, signal=key)]
 
 
 class ForkDetector(Detector):
     """Fraction of fork tokens (H ≥ 0.672) falling below a floor."""
 
     name = "fork_starvation"
+    fix = "raise clip-high or the temperature, or switch to --strategy ict"
 
     def __init__(self, config: ForkConfig) -> None:
         super().__init__(config)
@@ -197,9 +200,10 @@ class ForkDetector(Detector):
 
     def observe(self, step: int, scalars: dict[str, float], seen: int) -> list[Alert]:
         c = self.config
-        frac = next((scalars[k] for k in c.keys if k in scalars), None)
-        if frac is None:
+        key = next((k for k in c.keys if k in scalars), None)
+        if key is None:
             return []
+        frac = scalars[key]
         smooth = self.ema.update(frac)
         self.baseline.update(frac)
         if seen < c.warmup_steps or not self.baseline.ready:
@@ -214,13 +218,14 @@ class ForkDetector(Detector):
         thr = c.critical_floor if severity == "critical" else c.floor
         msg = (f"Fork-token starvation: {100 * smooth:.2f}% of tokens have H ≥ 0.672 (baseline "
                f"{100 * self.baseline.value:.2f}%, floor {100 * thr:.2f}%).")
-        return [self._alert(step, severity, msg, ACTION_FORK, smooth, thr)]
+        return [self._alert(step, severity, msg, ACTION_FORK, smooth, thr, signal=key)]
 
 
 class StagnationDetector(Detector):
     """Reward trend over a window gains less than `min_improvement` while pass@1 is below target."""
 
     name = "stagnation"
+    fix = "check the reward function and that groups keep reward variance"
 
     def __init__(self, config: StagnationConfig) -> None:
         super().__init__(config)
@@ -250,13 +255,14 @@ class StagnationDetector(Detector):
         msg = (f"Stagnation: `{c.reward_key}` gained {gain:+.4f} (at most {upper:+.4f} at {c.confidence_z:g} "
                f"standard errors) over the last {self.trend.n} steps (now ≈{fitted:.3f}; plateau below "
                f"+{c.min_improvement:g}) while pass@1 is {level:.3f} < target {c.pass1_target:g}.")
-        return [self._alert(step, "warning", msg, ACTION_STAGNATION, gain, c.min_improvement)]
+        return [self._alert(step, "warning", msg, ACTION_STAGNATION, gain, c.min_improvement, signal=c.reward_key)]
 
 
 class NonFiniteDetector(Detector):
     """Any NaN or ±inf statistic: critical, once per statistic until it is finite again."""
 
     name = "non_finite"
+    fix = "lower the learning rate, clip gradients, keep softmax in float32"
 
     def __init__(self, config: NonFiniteConfig) -> None:
         super().__init__(config)
@@ -276,4 +282,5 @@ class NonFiniteDetector(Detector):
         shown = ", ".join(f"{k}={scalars[k]}" for k in sorted(scalars)[:10])
         more = f" (+{len(scalars) - 10} more)" if len(scalars) > 10 else ""
         msg = f"Non-finite statistics at step {step}: {shown}{more}."
-        return [self._alert(step, "critical", msg, ACTION_NON_FINITE, float(len(scalars)), 0.0)]
+        return [self._alert(step, "critical", msg, ACTION_NON_FINITE, float(len(scalars)), 0.0,
+                            signal=sorted(scalars)[0])]
