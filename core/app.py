@@ -1,9 +1,7 @@
-"""The composition root: the collector's API, its guard and the dashboard in one ASGI app,
-and the collector running in a thread of this process (`serve`, `Collector`, the embedded default).
-
-Nothing below imports upwards: monitor/ and dashboard/ know nothing of each other; this module
-wires them. Dash loads only when a dashboard is asked for.
-"""
+"""The composition root: the collector's API, its guard and the dashboard in one ASGI app, and
+the collector running in a thread of this process (`serve`, `Collector`, the embedded default)."""
+# monitor/ and dashboard/ know nothing of each other: this module wires them. Dash loads only
+# when a dashboard is asked for.
 from __future__ import annotations
 
 import atexit

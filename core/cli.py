@@ -1,9 +1,7 @@
-"""The `forksight` command: one dispatcher, each subcommand lives with the code it runs.
-
-Every module below exposes `add_parser(subparsers)` that registers its subcommand(s) and
-sets `func`. Those modules stay light (no torch/dash at module top) so `forksight --help`
-answers instantly; heavy imports happen inside `func`.
-"""
+"""The `forksight` command: one dispatcher; each subcommand lives with the code it runs and
+registers itself through its module's `add_parser(subparsers)`, which sets `func`."""
+# Those modules stay light (no torch/Dash at module top) so `forksight --help` answers at once;
+# heavy imports happen inside `func` (tests/test_cli.py checks it).
 from __future__ import annotations
 
 import argparse

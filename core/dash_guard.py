@@ -1,8 +1,6 @@
-"""A guard in front of Dash's callback route: a request that is not a well-formed call of one of
-this dashboard's callbacks gets a 400 that says what is wrong, before Dash indexes into it
-(Dash answers such payloads with a 500). A well-formed call whose values a callback cannot use
-(a browser never sends them) is a 400 too, its traceback logged so a real bug stays visible.
-"""
+"""A guard in front of Dash's callback route: anything but a well-formed call of one of this
+dashboard's callbacks, or values a callback cannot use, gets a 400 saying why (Dash: a 500)."""
+# a callback that fails on the values sent logs its traceback, so a real bug stays visible
 from __future__ import annotations
 
 import logging

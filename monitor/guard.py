@@ -1,10 +1,7 @@
-"""The collector's ASGI guard around everything it serves (API, docs, dashboard).
-
-With a token: every request carries it (header, cookie, or `?token=` once). Without one (the
-loopback default): Host must name this machine and Origin, when sent, must be this page, so
-other sites and DNS rebinding get nowhere. Always: writes declare their media type, and no
-body grows past the limit, Content-Length or not.
-"""
+"""The collector's ASGI guard around everything it serves (API, docs, dashboard): the token, or
+on the tokenless loopback default Host and Origin checks; writes' media type; the body limit."""
+# Without a token, Host must name this machine and Origin (when sent) be this page, so other
+# sites and DNS rebinding get nowhere; the body limit counts bytes as they stream in.
 from __future__ import annotations
 
 import hmac

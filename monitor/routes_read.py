@@ -1,9 +1,7 @@
-"""The collector's read routes: runs, one run's scalars, histograms, tokens, samples and counts, alerts.
-
-Thin adapters over the Reader. A run id that does not exist is 404 on every sub-route (an empty
-list would read as "no data yet"), and every integer in a query is bounded to int64 (DuckDB's
-BIGINT), so a larger one is a 422 naming the parameter, never a 500 from the database.
-"""
+"""The collector's read routes (runs, one run's scalars, histograms, tokens, samples, counts;
+alerts): thin adapters over the Reader. Unknown run: 404; query integers beyond int64: 422."""
+# an empty list for an unknown run would read as "no data yet"; int64 is DuckDB's BIGINT, and a
+# larger number would reach the database and come back as a 500
 # no `from __future__ import annotations`: FastAPI must see the Annotated types of local aliases
 import json
 from typing import Annotated, Any, Callable

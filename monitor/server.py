@@ -1,10 +1,7 @@
-"""The collector's HTTP API over one Store: ingest, runs and reads (routes only).
-
-Routes are thin; the `*_impl` functions do the work and are what tests and the dashboard
-could call directly. Every input is validated (monitor/schema.py holds the limits); a refused
-request stores nothing, and the server keeps serving. forksight/app.py composes this API with
-the guard and the dashboard.
-"""
+"""The collector's HTTP API over one Store: runs, ingest, export (reads: routes_read.py).
+Routes are thin over `*_impl` functions; forksight/app.py adds the guard and the dashboard."""
+# Every input is validated (forksight.limits, monitor/schema.py); a refused request stores
+# nothing, and the server keeps serving.
 from __future__ import annotations
 
 import logging
