@@ -1,8 +1,9 @@
 """verl's `forksight` logger backend: `trainer.logger='[console,forksight]'`.
 
-Every metric verl logs is stored under verl's own name. On the legacy trainer the post-import
-patches (hooks/verl_install.py) also hand over each step's per-token tensors: entropy and
-log p as `_compute_old_log_prob` returned them, Σp² when `actor.calculate_sum_pi_squared=True`
+Every metric verl logs is stored under verl's own name (the policy loss, grad norm and KL
+loss also as TRL's `loss`, `grad_norm`, `kl`, which the run page plots). On the legacy trainer
+the post-import patches (hooks/verl_install.py) also hand over each step's per-token tensors:
+entropy and log p as `_compute_old_log_prob` returned them, Σp² when `actor.calculate_sum_pi_squared=True`
 (H2 = -log Σp²), and the finished batch (responses, response_mask, token_level_scores,
 advantages, `uid`). StepReporter turns them into the same records a TRL run produces, so pass@k,
 the tokens page and every alert work. Top-1 and JS need full distributions, which only the
@@ -28,6 +29,9 @@ log = logging.getLogger("forksight.verl")
 
 # what the last finished backend measured: driver seconds spent in forksight's hooks, steps reported
 LAST_RUN: dict[str, float] = {}
+
+# verl's names for what the run page plots under TRL's names: stored under both
+TRL_NAMES = {"actor/pg_loss": "loss", "actor/grad_norm": "grad_norm", "actor/kl_loss": "kl"}
 
 _DEFAULTS = {"url": None, "db": None, "run": None, "project": None, "stop_on_alert": False, "token_groups": 1,
              "correct_key": "acc", "correct_threshold": 1.0, "allow_unknown_version": False}
@@ -157,6 +161,9 @@ class ForksightLogger:
                 value = value.item()
             if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
                 values[str(key)] = float(value)
+        for verl_name, trl_name in TRL_NAMES.items():
+            if verl_name in values and trl_name not in values:
+                values[trl_name] = values[verl_name]
         if values:
             self.sink.log_scalars(step, values)
         if self._batch is not None and self._batch["step"] == step:

@@ -83,6 +83,9 @@ def test_tracking_backend_stores_every_metric_verl_logged(grpo_run):
                 assert stored[(line["step"], key)] == pytest.approx(float(value), rel=1e-9, abs=1e-12), key
                 checked += 1
     assert checked > 40 * 3                                  # actor/*, critic/*, timing_s/*, perf/*, ...
+    for line in lines:                                       # the run page's TRL-named signals
+        assert stored[(line["step"], "loss")] == pytest.approx(line["data"]["actor/pg_loss"])
+        assert stored[(line["step"], "grad_norm")] == pytest.approx(line["data"]["actor/grad_norm"])
 
 
 @needs_verl
@@ -136,14 +139,18 @@ def test_pass_at_k_and_samples_follow_the_uid_groups(grpo_run):
 
 # ---------------------------------------------------------------------------- stopping, loading, versions
 @needs_verl
-def test_stop_on_alert_ends_the_verl_run_cleanly(tmp_path):
+def test_stop_on_alert_ends_the_verl_run_cleanly_streaming_to_a_collector(tmp_path):
+    from collector_util import ServeProcess
+
     # step 2's loss is NaN: a critical alert; the collector judges a step once the next one arrives
-    summary = run_verl(tmp_path, "8", "--nan-at", "2", "--stop-on-alert")
-    db = tmp_path / "forksight.duckdb"
+    db = tmp_path / "collector.duckdb"
+    with ServeProcess(db) as collector:
+        summary = run_verl(tmp_path, "8", "--nan-at", "2", "--stop-on-alert", "--url", collector.url)
     assert summary["steps_run"] == 3                           # step 4 never generated
     assert query(db, "SELECT status FROM runs") == [("stopped",)]
     assert query(db, "SELECT step, detector, severity FROM alerts") == [(2, "non_finite", "critical")]
-    assert query(db, "SELECT max(step) FROM scalars") == [(3,)]
+    assert query(db, "SELECT max(step), count(DISTINCT step) FROM scalars") == [(3, 3)]
+    assert query(db, "SELECT count(DISTINCT step) FROM tokens") == [(3,)]
 
 
 @needs_verl

@@ -10,7 +10,8 @@ on CPU is replaced in-process: HF `generate` in place of vLLM/SGLang (rollout + 
 and a one-process actor in place of the Ray FSDP worker group (same inputs and outputs).
 
 Usage: python tests/verl_run.py OUT_DIR STEPS [--nan-at STEP] [--stop-on-alert] [--without-forksight]
-Writes OUT_DIR/forksight.duckdb, metrics.jsonl (verl's file logger), logits_<step>.pt, summary.json.
+                                [--url COLLECTOR]
+Writes OUT_DIR/forksight.duckdb (or streams to --url), metrics.jsonl (verl's file logger), logits_<step>.pt, summary.json.
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def make_data(out: Path, n_prompts: int) -> Path:
 
 
 def make_config(model: Path, data: Path, out: Path, steps: int, n: int, stop_on_alert: bool,
-                with_forksight: bool = True):
+                with_forksight: bool = True, url: str | None = None):
     from hydra import compose, initialize_config_dir
 
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
@@ -72,7 +73,8 @@ def make_config(model: Path, data: Path, out: Path, steps: int, n: int, stop_on_
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
         "trainer.balance_batch=False", "trainer.use_v1=False", "trainer.device=cpu", "trainer.resume_mode=disable",
         "trainer.project_name=forksight-test", "trainer.experiment_name=verl-grpo",
-        f"+trainer.forksight.db={out / 'forksight.duckdb'}", f"+trainer.forksight.stop_on_alert={stop_on_alert}",
+        f"+trainer.forksight.url={url}" if url else f"+trainer.forksight.db={out / 'forksight.duckdb'}",
+        f"+trainer.forksight.stop_on_alert={stop_on_alert}",
         "+trainer.forksight.token_groups=2",
     ]
     with initialize_config_dir(config_dir=config_dir, version_base=None):
@@ -209,7 +211,8 @@ class NoWeightSync:
 
 
 # ---------------------------------------------------------------------------- main
-def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool, with_forksight: bool = True) -> dict:
+def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool, with_forksight: bool = True,
+         url: str | None = None) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from verl.single_controller.ray import ResourcePoolManager
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
@@ -227,7 +230,7 @@ def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool, with_fo
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     data = make_data(out, n_prompts=16)
     n = 4
-    config = make_config(model_dir, data, out, steps, n, stop_on_alert, with_forksight)
+    config = make_config(model_dir, data, out, steps, n, stop_on_alert, with_forksight, url)
     dataset = RLHFDataset(data_files=[str(data)], tokenizer=tokenizer, config=config.data)
     os.environ["VERL_FILE_LOGGER_PATH"] = str(out / "metrics.jsonl")
     pools = ResourcePoolManager(resource_pool_spec={"global_pool": [1]}, mapping={Role.ActorRollout: "global_pool"})
@@ -257,5 +260,7 @@ def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool, with_fo
 if __name__ == "__main__":
     args = sys.argv[1:]
     nan_at = int(args[args.index("--nan-at") + 1]) if "--nan-at" in args else None
-    result = main(Path(args[0]), int(args[1]), nan_at, "--stop-on-alert" in args, "--without-forksight" not in args)
+    url = args[args.index("--url") + 1] if "--url" in args else None
+    result = main(Path(args[0]), int(args[1]), nan_at, "--stop-on-alert" in args, "--without-forksight" not in args,
+                  url)
     print(json.dumps({k: v for k, v in result.items() if k != "verdicts"}))
