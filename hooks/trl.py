@@ -63,6 +63,7 @@ class _RowHasher:
         gen = torch.Generator().manual_seed(20260)  # own generator: never touch the global RNG
         self.weights = torch.randint(1, 2**61, (4096,), generator=gen, dtype=torch.int64)
         self.table: dict[int, list[int]] = {}
+        self.used: dict[int, int] = {}  # rows of each hash handed out this step
         self.size = 0
 
     def _hash(self, ids: torch.Tensor) -> list[int]:
@@ -73,23 +74,26 @@ class _RowHasher:
         return (ids.long() * w).sum(-1).tolist()  # int64 wrap-around is fine for a hash
 
     def index(self, prompt_ids: torch.Tensor, completion_ids: torch.Tensor, offset: int, size: int) -> None:
-        self.table, self.size = {}, size
+        self.table, self.size, self.used = {}, size, {}
         for i, h in enumerate(self._hash(torch.cat([prompt_ids, completion_ids], dim=1))):
             self.table.setdefault(h, []).append(offset + i)
 
     def lookup(self, input_ids: torch.Tensor) -> list[int] | None:
         if not self.table:
             return None
-        used: dict[int, int] = {}
+        hashes = self._hash(input_ids)
+        if any(h not in self.table for h in hashes):
+            return None  # not a row of the current generation batch
         out = []
-        for h in self._hash(input_ids):
-            candidates = self.table.get(h)
-            if not candidates:
-                return None  # not a row of the current generation batch
-            k = used.get(h, 0)
-            out.append(candidates[min(k, len(candidates) - 1)])
-            used[h] = k + 1
+        for h in hashes:  # identical rows (a collapsed group) may sit in different micro-batches
+            candidates, k = self.table[h], self.used.get(h, 0)
+            out.append(candidates[k % len(candidates)])
+            self.used[h] = k + 1
         return out
+
+    def next_step(self) -> None:
+        """Each optimizer step goes over the generation batch (again, with num_iterations > 1)."""
+        self.used = {}
 
 
 class ForksightCallback(TrainerCallback):
@@ -297,6 +301,7 @@ class ForksightCallback(TrainerCallback):
                 self.sink.log_scalars(step, self._group_scalars)
                 self._group_scalars = None
             self.handle.flush(step, advantages=self._advantages)
+            self._hasher.next_step()
         if self.sink is not None and self.sink.should_stop and not self._stopped:
             self._stopped = True
             control.should_training_stop = True

@@ -66,3 +66,38 @@ def scripted_generate(tokenizer, first: list[str], then: str):
         return torch.cat([input_ids, ids], dim=-1)
 
     return generate
+
+
+ZEN = ["The quick brown fox", "Two plus two is", "Simple is better than", "Errors should never",
+       "Flat is better than", "Readability counts because", "Now is better than", "In the face of"]
+
+
+def build_trl_hub(base: Path, root: Path) -> Path:
+    """Stand-ins for the hub ids TRL's GRPO tests load, as local folders under root (chdir there):
+    trl-internal-testing/tiny-Qwen2ForCausalLM-2.5 (the chat tiny model) and a tiny reward model
+    trl-internal-testing/tiny-Qwen2ForSequenceClassification-2.5 with the same tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
+
+    hub = root / "trl-internal-testing"
+    policy = build_chat_tiny(base, hub / "tiny-Qwen2ForCausalLM-2.5")
+    reward = hub / "tiny-Qwen2ForSequenceClassification-2.5"
+    if not (reward / "config.json").exists():
+        tokenizer = AutoTokenizer.from_pretrained(policy)
+        config = Qwen2Config.from_pretrained(policy)
+        config.num_labels = 1
+        torch.manual_seed(1)
+        Qwen2ForSequenceClassification(config).save_pretrained(reward)
+        tokenizer.save_pretrained(reward)
+    return root
+
+
+def zen(config_name: str):
+    """Stand-in for load_dataset("trl-internal-testing/zen", config_name, split="train")."""
+    from datasets import Dataset
+
+    if config_name == "standard_prompt_only":
+        return Dataset.from_list([{"prompt": p} for p in ZEN])
+    if config_name == "conversational_prompt_only":
+        return Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in ZEN])
+    raise ValueError(f"no stand-in for zen/{config_name}")
