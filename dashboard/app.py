@@ -1,9 +1,6 @@
 """The Dash app factory: `create_dash(reader)`; `forksight serve` mounts `.server` at `/`.
-
-Each page in dashboard/pages/ registers itself and its callbacks on the app it is given
-(`register(app)`), and its reader and caches live on its own server (dashboard/data.py), so
-two apps in one process (tests, benchmarks) never share callbacks or data.
-"""
+Each page registers its callbacks on the app it is given and the reader and caches live on
+that app's server (dashboard/data.py): two apps in one process never share callbacks or data."""
 from __future__ import annotations
 
 import importlib

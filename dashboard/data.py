@@ -1,10 +1,10 @@
-"""What one dashboard app owns: its Reader and its caches, kept on its Flask server's config.
-
-Pages never import `app` (Dash's pages pattern) and Dash's page registry is process-global, so
-layouts and callbacks find their app's state through the request (`flask.current_app`): two
-apps in one process never share a reader or a cached frame.
-"""
+"""What one dashboard app owns: its Reader and its caches, kept on its own Flask server's config
+and found by pages through the request, so two apps in one process never share data."""
 from __future__ import annotations
+
+# Pages never import `app` (Dash's pages pattern) and Dash's page registry is process-global
+# (the layouts of two apps are the same functions), so state cannot be a module global or a
+# closure: it is looked up on `flask.current_app` per request.
 
 import threading
 from collections import OrderedDict

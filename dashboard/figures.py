@@ -1,13 +1,12 @@
-"""The pieces every pure figure is built from: series helpers, EMA, downsampling, traces, layouts.
-
-Figures live by page (run_figures, compare_figures, token_figures); none imports Dash or the
-Reader, so every chart is unit-tested on a DataFrame. Figures are plain
-dicts (plotly's JSON), not `go.Figure`: building the validated objects cost 0.2–0.5 s per
-chart on the CI machine, more than the whole 300 ms callback budget (tests still validate
-them with go.Figure). Every growing trace carries `meta={"key", "role"}` so the live tick
-appends new steps with a Patch (dashboard/live.py) instead of redrawing.
-"""
+"""What every pure figure is built from: series helpers, EMA, downsampling, traces, layouts.
+Figures live by page (run_figures, compare_figures, token_figures) and import neither Dash nor
+the Reader, so every chart is unit-tested on a DataFrame."""
 from __future__ import annotations
+
+# Figures are plain dicts (plotly's JSON), not `go.Figure`: building the validated objects cost
+# 0.2–0.5 s per chart on the CI machine, more than the whole 300 ms callback budget (tests still
+# validate them with go.Figure). Every growing trace carries `meta={"key", "role"}` so the live
+# tick appends new steps with a Patch (dashboard/live.py) instead of redrawing.
 
 import math
 import re

@@ -1,10 +1,9 @@
 """The live tick: append steps ingested since the last draw to the drawn figures with a Dash
-`Patch` (only the new points travel; the browser never redraws the whole chart).
+`Patch` (only the new points travel; the browser never redraws the whole chart)."""
 
-A figure's growable traces are described by their `meta` (set by dashboard/figures.py); the
-"plan" is that list kept in a dcc.Store, including each EMA's running state, so the smoothed
-line continues exactly where the full draw stopped.
-"""
+# A figure's growable traces are described by their `meta` (set by the figure builders); the
+# "plan" is that list kept in a dcc.Store, including each EMA's running state, so the smoothed
+# line continues exactly where the full draw stopped.
 from __future__ import annotations
 
 import copy

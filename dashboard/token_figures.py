@@ -1,9 +1,6 @@
-"""The tokens page's colour scale and its pure figure.
-
-Every token of a run is coloured on one fixed scale per metric (`TokenScale`): from 0 to a top
-read once from the run's first token steps and capped by the metric's bound, the same at every
-step, so a collapsed step looks pale beside a healthy one. The position × step heatmap uses it.
-"""
+"""The tokens page's colour scale (`TokenScale`: one per run and metric, 0 → a top read from the
+run's first token steps, the same at every step, so a collapsed step looks pale beside a
+healthy one) and its pure figure, the position × step heatmap on that same scale."""
 from __future__ import annotations
 
 import math

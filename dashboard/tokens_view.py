@@ -1,9 +1,6 @@
-"""A completion rendered token by token as Dash components (never raw HTML: model text goes
-into `children`, which React escapes, so `<script>` in a completion is shown, not run).
-
-Colour = the chosen per-token metric on the run's fixed scale (token_figures.TokenScale); fork
-tokens are outlined, trained-on (selected) tokens underlined; the hover lists every number.
-"""
+"""A completion as Dash components, one span per token: colour on the run's TokenScale, fork
+outlined, trained-on underlined, every number in the hover. Never raw HTML: model text goes
+into `children`, which React escapes, so `<script>` in a completion is shown, not run."""
 from __future__ import annotations
 
 import math

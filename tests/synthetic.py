@@ -1,11 +1,10 @@
-"""A synthetic GRPO run whose entropy collapses, written through the store's write API:
-what the browser tests, screenshots and the dashboard benchmark look at (a test fixture, not
-part of the product package; bench/ puts tests/ on sys.path to use it).
+"""A synthetic GRPO run whose entropy collapses, written through the store's write API: what
+the browser tests, screenshots and the dashboard benchmark look at (a test fixture, not part of
+the product package; bench/ puts tests/ on sys.path to use it)."""
 
-Per step it draws token entropies from a mixture (a growing share near 0, the rest spread
-with a scale that decays), and derives every logged number from those draws, so the
-scalars, histograms and token rows of a step agree with each other as a real run's do.
-"""
+# Per step it draws token entropies from a mixture (a growing share near 0, the rest spread
+# with a scale that decays), and derives every logged number from those draws, so the
+# scalars, histograms and token rows of a step agree with each other as a real run's do.
 from __future__ import annotations
 
 import math
@@ -148,4 +147,4 @@ def bulk_tokens(run_id_steps: int, rows_per_step: int, seed: int = 0, first_step
         "js": (0.08 * ent).astype(np.float32),
         "logp": (-ent * rng.uniform(0.3, 1.2, n)).astype(np.float32),
         "top1": np.exp(-ent).astype(np.float32), "fork": ent >= FORK_ENTROPY,
-        "selected": ent >= 0.3, "rank": np.zeros(n, np.int32)})
+        "selected": ent >= 0.3})

@@ -28,16 +28,16 @@ def runs_rows(reader) -> list[dict]:
     """One table row per run (plain values: DataTable renders them as text)."""
     runs = reader.list_runs()
     alerts = reader.read_alerts()
-    counts = alerts.groupby(["run_id", "severity"]).size() if not alerts.empty else pd.Series()
+    counts = alerts.groupby(["run_id", "severity"]).size().to_dict() if not alerts.empty else {}
     # every run's sparkline in one query: one query per run took 23 s at 1,861 runs
     trends = reader.read_scalars_of_runs(["entropy/mean", "pass@1"], downsample=SPARK_POINTS)
-    values = {k: g["value"].tolist() for k, g in trends.groupby(["run_id", "key"], sort=False)}
+    values = trends.groupby(["run_id", "key"], sort=False)["value"].agg(list).to_dict() \
+        if not trends.empty else {}
     rows = []
     for run in runs.to_dict("records"):
         rid = run["run_id"]
         ent, p1 = values.get((rid, "entropy/mean"), []), values.get((rid, "pass@1"), [])
-        crit = int(counts.get((rid, "critical"), 0)) if len(counts) else 0
-        warn = int(counts.get((rid, "warning"), 0)) if len(counts) else 0
+        crit, warn = int(counts.get((rid, "critical"), 0)), int(counts.get((rid, "warning"), 0))
         rows.append({
             "id": rid, "name": run.get("name") or rid, "status": run.get("status") or "?",
             "strategy": run.get("strategy") or "", "model": run.get("model") or "",

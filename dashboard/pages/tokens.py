@@ -1,7 +1,6 @@
-"""Tokens page: one step's completion token by token (colour = entropy, Rényi-2, JS or
-surprise on the run's fixed scale; fork tokens outlined; trained-on tokens underlined; hover =
-every number), the group's other rollouts beside it, and a position × step heatmap for that
-prompt on the same scale. The step slider follows new steps while the run trains."""
+"""Tokens page: one step's completion token by token on the run's fixed colour scale, the
+group's other rollouts beside it, and a position × step heatmap for that prompt on the same
+scale; the step slider follows new steps while the run trains."""
 from __future__ import annotations
 
 import dash
