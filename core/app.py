@@ -19,14 +19,12 @@ from forksight.monitor.store import Store
 log = logging.getLogger("forksight.app")
 
 
-def create_app(store: Store, *, token: str | None = None, dashboard: bool = True,
-               host: str = "127.0.0.1", hub=None) -> FastAPI:
-    """The collector app over `store`: /api routes first, the Dash dashboard at /, all behind the
-    guard (`host` is the bound address, also accepted as Host on the tokenless default)."""
+def create_app(store: Store, *, token: str | None = None, dashboard: bool = True, hub=None) -> FastAPI:
+    """The collector app over `store`: /api routes first, the Dash dashboard at /, all behind the guard."""
     app = create_api(store, hub=hub)      # hub: the AlertHub (None: the environment's defaults)
     if dashboard:
         _mount_dashboard(app, store.reader)
-    app.add_middleware(GuardMiddleware, token=token, host=host)
+    app.add_middleware(GuardMiddleware, token=token)
     return app
 
 
@@ -55,7 +53,7 @@ class Collector:
 
         check_bind(host, token)
         self.store = Store(db)
-        self.app = create_app(self.store, token=token, dashboard=dashboard, host=host)
+        self.app = create_app(self.store, token=token, dashboard=dashboard)
         self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host or '127.0.0.1'}:{port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning",
                                                     access_log=False, timeout_graceful_shutdown=5))

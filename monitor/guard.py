@@ -66,9 +66,9 @@ class GuardMiddleware:
     """Pure ASGI: token (401), Host/Origin on the tokenless default (403), media type of writes
     (400/415) and the body limit (413, counted while the body streams in)."""
 
-    def __init__(self, app, token: str | None, max_body: int = MAX_BODY_BYTES, host: str = "127.0.0.1"):
+    def __init__(self, app, token: str | None, max_body: int = MAX_BODY_BYTES):
+        # without a token only loopback is bound (check_bind), so loopback names are all it answers to
         self.app, self.token, self.max_body = app, token, max_body
-        self.bound_host = host.strip().strip("[]").lower()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "websocket":      # nothing here speaks it: no unguarded way in
@@ -108,15 +108,12 @@ class GuardMiddleware:
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
         return query.get("token")
 
-    def _host_ok(self, host: str) -> bool:
-        return is_loopback(host) or (bool(self.bound_host) and host.lower() == self.bound_host)
-
     def _same_origin(self, scope, headers: dict) -> tuple[int, str] | None:
         scheme = scope.get("scheme", "http")
         host_header = headers.get("host")
         if host_header is not None:
             host, port = _split_host(host_header, scheme)
-            if not self._host_ok(host) or port is None:
+            if not is_loopback(host) or port is None:
                 return 403, (f"Host {host_header!r} is not this collector's address: without a token it "
                              "answers only loopback names (127.0.0.1, localhost, ::1); open it by one of "
                              "those, or start `forksight serve --token T` to serve other names")
@@ -128,7 +125,7 @@ class GuardMiddleware:
         if parts is not None and parts.scheme in DEFAULT_PORTS:
             o_host, o_port = _split_host(parts.netloc, parts.scheme)
             h_host, h_port = _split_host(host_header or "", scheme)
-            same = self._host_ok(o_host) and (o_host.lower(), o_port) == (h_host.lower(), h_port)
+            same = is_loopback(o_host) and (o_host.lower(), o_port) == (h_host.lower(), h_port)
         if same:
             return None
         return 403, (f"cross-origin request from {origin!r} refused: without a token the collector "

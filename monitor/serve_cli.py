@@ -60,7 +60,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 1
     try:
-        app = create_app(store, token=token, dashboard=not args.no_dashboard, host=args.host, hub=hub)
+        app = create_app(store, token=token, dashboard=not args.no_dashboard, hub=hub)
     except BaseException:
         store.close()
         raise
