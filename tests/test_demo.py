@@ -104,3 +104,11 @@ def test_ctrl_c_stops_the_demo_cleanly_and_loses_no_stored_step(tmp_path):
             stored = store.reader.read_scalars(runs.loc[name, "run_id"], ["entropy/mean"], downsample=10**6)
             assert stored.step.max() == summary["steps"] and stored.step.nunique() == summary["steps"]
             assert (tmp_path / "runs" / name / "checkpoint.pt").exists()
+
+
+def test_demo_refuses_a_non_loopback_host_before_opening_anything(tmp_path):
+    argv = [sys.executable, "-m", "forksight", "demo", "--db", str(tmp_path / "d.duckdb"), "--host", "",
+            "--port", str(_free_port())]
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "loopback" in proc.stderr and "--token" in proc.stderr
+    assert not (tmp_path / "d.duckdb").exists()

@@ -126,7 +126,12 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, on_signal)
     try:
         collector = Collector(args.db, host=args.host, port=args.port).start()
-    except (RuntimeError, ValueError) as exc:
+    except ValueError:
+        print(f"forksight demo: --host {args.host!r} is not loopback; the demo serves loopback only "
+              "(e.g. 127.0.0.1). For a collector on the network run `forksight serve --token T`.",
+              file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
         print(f"forksight demo: {exc}. Is another `forksight serve`/demo running? Use --port.",
               file=sys.stderr)
         return 1
