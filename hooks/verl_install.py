@@ -158,7 +158,10 @@ def patch_tracking(module) -> None:
         ours = None if getattr(self, "_finished", False) else getattr(self, "logger", {}).get("forksight")
         finish(self, exit_code)
         if ours is not None:
-            ours.finish("finished" if exit_code == 0 else "crashed")
+            try:
+                ours.finish("finished" if exit_code == 0 else "crashed")
+            except Exception as exc:  # noqa: BLE001 - Tracking.__del__ calls this, even at exit
+                log.warning("forksight: could not finish the run (%r)", exc)
 
     tracking.__init__ = __init__
     tracking.finish = finish_all

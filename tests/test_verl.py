@@ -137,6 +137,24 @@ def test_pass_at_k_and_samples_follow_the_uid_groups(grpo_run):
         assert len(uid_of_group) == len(groups)
 
 
+@needs_verl
+def test_bypass_mode_stores_samples_and_pass_at_k_but_no_token_statistics(tmp_path):
+    # rollout_correction.bypass_mode: verl never runs _compute_old_log_prob, so no entropy exists
+    summary = run_verl(tmp_path, "2", "--bypass")
+    db = tmp_path / "forksight.duckdb"
+    assert summary["steps_run"] == 0 and summary["steps_reported"] == 2
+    assert query(db, "SELECT count(*) FROM tokens") == [(0,)]
+    assert query(db, "SELECT count(*) FROM scalars WHERE key LIKE 'entropy/%' OR key LIKE 'renyi2/%'") == [(0,)]
+    for step in (1, 2):
+        rollout = summary["verdicts"][str(step)]
+        groups: dict[str, list[bool]] = defaultdict(list)
+        for uid, ok in zip(rollout["uid"], rollout["acc"]):
+            groups[uid].append(ok)
+        scalars = dict(query(db, "SELECT key, value FROM scalars WHERE step = ?", step))
+        assert scalars["pass@2"] == pytest.approx(pass_at_k_by_hand(groups, 2), abs=1e-9)
+        assert query(db, "SELECT count(*) FROM samples WHERE step = ?", step) == [(16,)]
+
+
 # ---------------------------------------------------------------------------- stopping, loading, versions
 @needs_verl
 def test_stop_on_alert_ends_the_verl_run_cleanly_streaming_to_a_collector(tmp_path):

@@ -10,7 +10,7 @@ on CPU is replaced in-process: HF `generate` in place of vLLM/SGLang (rollout + 
 and a one-process actor in place of the Ray FSDP worker group (same inputs and outputs).
 
 Usage: python tests/verl_run.py OUT_DIR STEPS [--nan-at STEP] [--stop-on-alert] [--without-forksight]
-                                [--url COLLECTOR]
+                                [--url COLLECTOR] [--bypass]
 Writes OUT_DIR/forksight.duckdb (or streams to --url), metrics.jsonl (verl's file logger), logits_<step>.pt, summary.json.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ def make_data(out: Path, n_prompts: int) -> Path:
 
 
 def make_config(model: Path, data: Path, out: Path, steps: int, n: int, stop_on_alert: bool,
-                with_forksight: bool = True, url: str | None = None):
+                with_forksight: bool = True, url: str | None = None, bypass: bool = False):
     from hydra import compose, initialize_config_dir
 
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
@@ -77,6 +77,8 @@ def make_config(model: Path, data: Path, out: Path, steps: int, n: int, stop_on_
         f"+trainer.forksight.stop_on_alert={stop_on_alert}",
         "+trainer.forksight.token_groups=2",
     ]
+    if bypass:      # old log p = the rollout's: verl skips _compute_old_log_prob (no entropy on the driver)
+        overrides += ["algorithm.rollout_correction.bypass_mode=True"]
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         return compose(config_name="ppo_trainer", overrides=overrides)
 
@@ -86,8 +88,10 @@ class HFRollout:
     """generate_sequences as verl's agent loop returns it, sampled with HF generate (top_k=0,
     top_p=1: the full softmax), scored by a rule reward into rm_scores at the last token."""
 
-    def __init__(self, model, tokenizer, prompt_len: int, response_len: int, seed: int = 0):
+    def __init__(self, model, tokenizer, prompt_len: int, response_len: int, seed: int = 0,
+                 rollout_log_probs: bool = False):
         self.model, self.tokenizer = model, tokenizer
+        self.rollout_log_probs = rollout_log_probs
         self.prompt_len, self.response_len = prompt_len, response_len
         self.generator_seed = seed
         self.verdicts: dict[int, dict] = {}
@@ -106,9 +110,14 @@ class HFRollout:
             prompt_ids[i, P - len(ids):], prompt_mask[i, P - len(ids):] = torch.tensor(ids), 1
         torch.manual_seed(self.generator_seed + self.calls)
         with torch.no_grad():
-            out = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=True, top_k=0,
+            gen = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=True, top_k=0,
                                       top_p=1.0, temperature=1.0, max_new_tokens=R, min_new_tokens=1,
-                                      pad_token_id=eos, eos_token_id=eos)
+                                      pad_token_id=eos, eos_token_id=eos, output_scores=True,
+                                      return_dict_in_generate=True)
+        out = gen.sequences
+        # log p of each sampled token under the sampling distribution (vLLM's calculate_log_probs)
+        scores = torch.stack(gen.scores, dim=1).float().log_softmax(-1)          # [B, steps, V]
+        sampled_logp = scores.gather(-1, out[:, P:P + scores.shape[1], None]).squeeze(-1)
         responses = torch.full((B, R), eos, dtype=torch.long)
         response_mask = torch.zeros((B, R), dtype=torch.long)
         gen = out[:, P:]
@@ -128,6 +137,10 @@ class HFRollout:
         batch = {"prompts": prompt_ids, "responses": responses, "response_mask": response_mask,
                  "input_ids": torch.cat([prompt_ids, responses], dim=1), "attention_mask": attention_mask,
                  "position_ids": position_ids, "rm_scores": rm_scores}
+        if self.rollout_log_probs:
+            logp = torch.zeros((B, R))
+            logp[:, :sampled_logp.shape[1]] = sampled_logp
+            batch["rollout_log_probs"] = logp * response_mask
         non_tensor = {"acc": np.array(acc), "multi_modal_inputs": np.array([{} for _ in range(B)], dtype=object)}
         return DataProto.from_dict(tensors=batch, non_tensors=non_tensor,
                                    meta_info={"timing": {}, "reward_extra_keys": ["acc"]})
@@ -212,7 +225,7 @@ class NoWeightSync:
 
 # ---------------------------------------------------------------------------- main
 def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool, with_forksight: bool = True,
-         url: str | None = None) -> dict:
+         url: str | None = None, bypass: bool = False) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from verl.single_controller.ray import ResourcePoolManager
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
@@ -230,7 +243,7 @@ def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool, with_fo
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     data = make_data(out, n_prompts=16)
     n = 4
-    config = make_config(model_dir, data, out, steps, n, stop_on_alert, with_forksight, url)
+    config = make_config(model_dir, data, out, steps, n, stop_on_alert, with_forksight, url, bypass)
     dataset = RLHFDataset(data_files=[str(data)], tokenizer=tokenizer, config=config.data)
     os.environ["VERL_FILE_LOGGER_PATH"] = str(out / "metrics.jsonl")
     pools = ResourcePoolManager(resource_pool_spec={"global_pool": [1]}, mapping={Role.ActorRollout: "global_pool"})
@@ -239,7 +252,7 @@ def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool, with_fo
                             device_name="cpu")
     trainer.actor_rollout_wg = LocalActor(model, config, out, nan_at)
     trainer.async_rollout_manager = HFRollout(model, tokenizer, config.data.max_prompt_length,
-                                              config.data.max_response_length)
+                                              config.data.max_response_length, rollout_log_probs=bypass)
     trainer.checkpoint_manager = NoWeightSync()
     t0 = time.perf_counter()
     trainer.fit()
@@ -262,5 +275,5 @@ if __name__ == "__main__":
     nan_at = int(args[args.index("--nan-at") + 1]) if "--nan-at" in args else None
     url = args[args.index("--url") + 1] if "--url" in args else None
     result = main(Path(args[0]), int(args[1]), nan_at, "--stop-on-alert" in args, "--without-forksight" not in args,
-                  url)
+                  url, "--bypass" in args)
     print(json.dumps({k: v for k, v in result.items() if k != "verdicts"}))
