@@ -1,15 +1,13 @@
-"""Every limit the collector enforces, in one torch-free place (served by GET /api/health).
-
-A request that breaks one is refused whole with a 4xx naming the field; producers size their
-batches from the same numbers.
-"""
+"""Every limit the collector enforces, in one torch-free place (served by GET /api/health). A
+request that breaks one is refused whole with a 4xx naming the field; producers size their
+batches from the same numbers."""
 from __future__ import annotations
 
 import re
 from typing import Any
 
 MAX_BODY_BYTES = 64 * 1024 * 1024      # one request body (JSON or Arrow IPC); larger -> 413
-MAX_DECODED_BYTES = 512 * 1024 * 1024  # one Arrow body once decompressed / dictionaries expanded
+MAX_DECODED_BYTES = 256 * 1024 * 1024  # one Arrow body once decompressed, dictionaries expanded
 MAX_TOKEN_ROWS = 2_000_000             # per-token rows in one batch
 MAX_TOKEN_BLOCKS = 10_000              # per-step token blocks in one JSON batch
 MAX_SCALAR_ROWS = 100_000              # scalar rows in one batch

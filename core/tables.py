@@ -1,8 +1,6 @@
-"""One declaration per stored table; the DuckDB DDL, the Arrow schemas, the wire fields and the
-sinks' known fields are generated from it (torch-free: stdlib, pyarrow and pydantic only).
-
-Change a column here and every path (SQL, Arrow inserts, HTTP validation, sinks) follows.
-"""
+"""One declaration per stored table (torch-free): the DuckDB DDL, the Arrow schemas, the wire
+fields and the sinks' known fields are generated from it. Change a column here and every path
+(SQL, Arrow inserts, HTTP validation, sinks) follows."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,10 +1,6 @@
-"""The sink every producer logs through: in-process (LocalSink), HTTP (HttpSink) or nothing.
-
-Logging never blocks training on I/O: records are buffered and a background thread sends
-them in batches (Arrow IPC for per-token rows, JSON for the rest), retries with backoff, and
-spools to disk while the collector is unreachable, replaying in order when it returns.
-`open_sink` picks the sink; HttpSink lives in monitor/http_sink.py.
-"""
+"""The sink every producer logs through: in-process (LocalSink), HTTP (HttpSink, in
+monitor/http_sink.py) or nothing (NullSink); `open_sink` picks one. Logging never does I/O
+on the caller's thread."""
 from __future__ import annotations
 
 import atexit
@@ -171,13 +167,9 @@ def open_sink(run: str = "run", url: str | None = None, db: str | None = None, *
               strategy: str | None = None, model: str | None = None, config: dict | None = None,
               project: str = "default", rank: int = 0, stop_on_alert: bool = False,
               embedded: bool = True, token: str | None = None, resume: bool = False) -> _Sink:
-    """The sink for one run: HTTP to `url`, in-process on `db`, or the embedded default.
-
-    With neither: stream to the collector at $FORKSIGHT_URL (default http://127.0.0.1:8050);
-    if nothing answers and embedded is set, rank 0 starts one in this process on
-    ./forksight.duckdb. Ranks > 0 never open a DuckDB file (one process owns it).
-    resume: continue the run whose id is `run` (a resumed training run), not a new `run-2`.
-    """
+    """The sink for one run: HTTP to `url`, in-process on `db`, or (neither) $FORKSIGHT_URL, else an
+    embedded collector that rank 0 starts on ./forksight.duckdb. resume: continue the run whose
+    id is `run`, not a new `run-2`. Ranks > 0 never open a DuckDB file (one process owns it)."""
     from forksight.limits import RUN_ID_RE, slug_run_name
 
     if not RUN_ID_RE.match(str(run)):      # e.g. TRL's default run_name is the output dir path

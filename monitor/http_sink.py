@@ -1,40 +1,31 @@
-"""HttpSink: streams to a collector from a background thread; spools to disk while it is down.
-
-Batches go as JSON (scalars, samples, histograms) and Arrow IPC (per-token rows), each with an
-id the collector stores once. Retries with backoff, then one file per batch under
-.forksight/spool/, replayed in order when the collector answers again.
-"""
+"""HttpSink: batches to a collector from a background thread (JSON; Arrow IPC for tokens), each
+with an id stored once; retries, then .forksight/spool/ while the collector is down, then bounded
+memory with backpressure when the disk refuses too: `undelivered()` says what is not stored."""
 from __future__ import annotations
 
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from forksight.monitor import spool as spool_mod
 from forksight.monitor.sink_base import _finite_scalars, _histogram_item, _open_sinks, _sample_rows, _Sink, _track
+from forksight.monitor.spool import DATA_KINDS, Item as _Item, Spool, requests_of
 
 log = logging.getLogger("forksight.client")
 
-SPOOL_ROOT = Path(".forksight") / "spool"
 MAX_SERVER_ERRORS = 20   # a batch the collector keeps failing on (5xx) must not block the rest
 MAX_BACKOFF_S = 2.0      # a refused connect costs nothing; a collector back up is found within 2 s
 
 
-class _Item:
-    """One request to the collector; `body` is exactly what is sent (and spooled)."""
-
-    __slots__ = ("kind", "batch_id", "body", "rows", "path", "done")
-
-    def __init__(self, kind: str, batch_id: str, body: bytes, rows: int = 0, path: Path | None = None):
-        self.kind, self.batch_id, self.body, self.rows, self.path = kind, batch_id, body, rows, path
-        self.done = False            # acknowledged; never sent or spooled again
+class DeliveryError(RuntimeError):
+    """The sink can neither send nor spool, and its memory buffer is full: logging would lose data."""
 
 
 class HttpSink(_Sink):
@@ -45,7 +36,8 @@ class HttpSink(_Sink):
                  stop_on_alert: bool = False, token: str | None = None,
                  flush_interval: float = 0.25, max_batch_rows: int = 262_144,
                  spool_dir: str | os.PathLike | None = None, retries: int = 3,
-                 heartbeat_interval: float = 10.0, resume: bool = False):
+                 heartbeat_interval: float = 10.0, resume: bool = False,
+                 max_memory_bytes: int = 256 * 1024 * 1024, backpressure_timeout: float = 60.0):
         import httpx
 
         super().__init__(stop_on_alert)
@@ -55,23 +47,29 @@ class HttpSink(_Sink):
         self.max_batch_rows = max_batch_rows
         self.retries = retries
         self.heartbeat_interval = heartbeat_interval
+        self.max_memory_bytes = max_memory_bytes          # undelivered, unspoolable bodies held in memory
+        self.backpressure_timeout = backpressure_timeout  # a full memory buffer blocks log_* this long, then raises
         token = token or os.environ.get("FORKSIGHT_TOKEN")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers,
                                   timeout=httpx.Timeout(60.0, connect=2.0))
         self.sent_rows = 0                 # token/scalar/... rows the collector acknowledged
         self.rejected: list[str] = []      # messages of batches the collector refused (4xx)
+        self._refused: Counter = Counter()  # their rows, per table
         self._server_errors: dict[str, int] = {}
         self._run_meta = {"name": run, "project": project, "strategy": strategy, "model": model,
                           "config": config}
         self._resume = resume
         self.run_id = self._open_run(run, rank)
-        self._spool = Path(spool_dir) if spool_dir else SPOOL_ROOT / f"{self.run_id}.r{rank}.{uuid.uuid4().hex[:8]}"
-        self._spool_seq = 0
+        self._spool = Spool(Path(spool_dir) if spool_dir else
+                            spool_mod.SPOOL_ROOT / f"{self.run_id}.r{rank}.{uuid.uuid4().hex[:8]}")
         self._lock = threading.Lock()
         self._buf: dict[str, list] = {"scalars": [], "samples": [], "histograms": [], "tokens": []}
         self._buf_rows = 0
         self._outbox: deque[_Item] = deque()
+        self._outbox_bytes = 0
+        self._room = threading.Condition(self._lock)     # signalled when the outbox shrinks
+        self._spool_refused = False
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
@@ -80,28 +78,14 @@ class HttpSink(_Sink):
         self._backoff = 0.5
         self._failures = 0
         self._last_contact = time.monotonic()
+        if self._pending_create is not None:       # this process's run first, then adopted batches
+            self._spool_or_hold(self._pending_create)
         if spool_dir is None:
-            self._adopt_old_spools()
-        if self._pending_create is not None:
-            self._spool_item(self._pending_create)
+            self._spool.adopt(self.run_id, rank)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="forksight-send")
         self._thread = threading.Thread(target=self._loop, name=f"forksight-sink-{self.run_id}", daemon=True)
         self._thread.start()
         _track(self)
-
-    def _adopt_old_spools(self) -> None:
-        """Take over what an earlier process of this run and rank left undelivered (it ended
-        while the collector was down): its batches go first, in their order."""
-        old = sorted((d for d in SPOOL_ROOT.glob(f"{self.run_id}.r{self.rank}.*") if d.is_dir()),
-                     key=lambda d: d.stat().st_mtime)
-        for directory in old:
-            for path in sorted(directory.glob("*.req")):
-                item = self._read_spooled(path)
-                if item.kind in ("json", "arrow", "run"):     # its status/heartbeat are stale now
-                    self._spool_item(item)
-                path.unlink()
-            shutil.rmtree(directory, ignore_errors=True)
-            log.warning("forksight: replaying batches of run %s left undelivered in %s", self.run_id, directory)
 
     # -- run creation: name unless taken; ranks > 0 join the live run of that name
     def _open_run(self, name: str, rank: int) -> str:
@@ -118,7 +102,9 @@ class HttpSink(_Sink):
             except httpx.TransportError as exc:
                 log.warning("forksight: collector %s unreachable (%s); spooling run %r to disk until it answers",
                             self.url, exc, name)
-                self._pending_create = _Item("run", "run", json.dumps({**body, "run_id": name}).encode())
+                # replayed like the online path: name unless taken (never into an old run of that
+                # name), the exact id on resume, the live run of that name for ranks > 0
+                self._pending_create = _Item("run", "run", json.dumps(first).encode())
                 return name
             if resp.status_code == 404 and rank and time.monotonic() < deadline:
                 time.sleep(0.5)              # rank 0 has not created the run yet
@@ -132,12 +118,24 @@ class HttpSink(_Sink):
     # -- logging API: append to buffers under a lock, never I/O
     def _append(self, kind: str, items: list, rows: int) -> None:
         with self._lock:
+            if self._outbox_bytes > self.max_memory_bytes:
+                self._wait_for_room()
             self._buf[kind].extend(items)
             self._buf_rows += rows
             self._idle.clear()
             full = self._buf_rows >= self.max_batch_rows
         if full:
             self._wake.set()
+
+    def _wait_for_room(self) -> None:
+        # backpressure: neither the collector nor the disk takes batches, and memory is full
+        self._wake.set()
+        if not self._room.wait_for(lambda: self._outbox_bytes <= self.max_memory_bytes,
+                                   timeout=self.backpressure_timeout):
+            raise DeliveryError(
+                f"forksight: the collector at {self.url} is unreachable, the spool {self._spool.directory} "
+                f"cannot be written and {self._outbox_bytes} bytes wait in memory (limit {self.max_memory_bytes}); "
+                "refusing more rows rather than losing them: free the disk or restart the collector")
 
     def log_scalars(self, step: int, values: Mapping[str, Any], weight: float | None = None) -> None:
         """Per-step numbers; weight = token count, used when ranks are merged."""
@@ -160,11 +158,9 @@ class HttpSink(_Sink):
         self._append("histograms", [_histogram_item(step, key, counts, edges)], 1)
 
     def flush(self, timeout: float | None = 30.0, *, give_up_after_failures: int | None = None) -> bool:
-        """Wait until everything logged so far is acknowledged; False on timeout (kept in spool).
-
-        give_up_after_failures: stop waiting once that many retries failed and all is spooled
-        (finish() uses it so a script whose collector is gone exits in seconds, not 30 s).
-        """
+        """True once everything logged so far is stored; False on timeout or if anything was refused
+        (see `undelivered()`). give_up_after_failures: stop once that many retries failed and
+        nothing can move (finish() uses it: a script whose collector is gone exits in seconds)."""
         self._wake.set()
         failures_before = self._failures
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -174,35 +170,53 @@ class HttpSink(_Sink):
                 return False
             if give_up_after_failures is not None and self._failures - failures_before >= give_up_after_failures:
                 with self._lock:
-                    if not self._outbox and not any(self._buf.values()):
+                    if not any(self._buf.values()) and (not self._outbox or self._spool_refused):
                         return False
-        return True
+        return not self._refused
 
-    def finish(self, status: str = "finished", timeout: float = 30.0) -> None:
-        """Flush, mark the run, stop the thread. Undelivered batches stay in the spool dir."""
+    def undelivered(self) -> dict[str, int]:
+        """Rows per table that have not reached the store: buffered, in memory, spooled or refused."""
+        with self._lock:
+            total = Counter({k: len(v) for k, v in self._buf.items() if k != "tokens"})
+            total["tokens"] += sum(t.num_rows for t in self._buf["tokens"])
+            for item in self._outbox:
+                if not item.done:
+                    total.update(item.tables())
+        total.update(self._spool.rows())
+        total.update(self._refused)
+        return dict(+total)
+
+    def finish(self, status: str = "finished", timeout: float = 30.0) -> dict[str, int]:
+        """Flush, mark the run, stop the thread; returns `undelivered()` ({} when all is stored).
+        Spooled batches stay on disk for the next process of this run; what only memory held (the
+        spool could not be written) is lost at exit, and the log says so with the counts."""
         if self._finished:
-            return
+            return self.undelivered()
         self._finished = True
         _open_sinks.discard(self)
         self.flush(timeout, give_up_after_failures=2)
         with self._lock:
-            self._outbox.append(_Item("status", "status", json.dumps({"status": status}).encode()))
+            self._push([_Item("status", "status", json.dumps({"status": status}).encode())])
             self._idle.clear()
         self.flush(min(timeout, 5.0), give_up_after_failures=1)
         self._closing = True
         self._wake.set()
         self._thread.join(timeout=5.0)
         self._pool.shutdown(wait=False)
-        left = self.spooled()
+        left = self.undelivered()
         if left:
-            log.warning("forksight: %d batch(es) for run %s not delivered; kept in %s", left, self.run_id, self._spool)
-        elif self._spool.exists():
-            shutil.rmtree(self._spool, ignore_errors=True)
+            log.warning("forksight: rows of run %s not delivered: %s (refused: %s; kept in %s: %d batch(es); "
+                        "only in memory, lost at exit: %d batch(es))", self.run_id, left, dict(self._refused),
+                        self._spool.directory, self.spooled(),
+                        sum(not i.done and i.kind in DATA_KINDS for i in list(self._outbox)))
+        if not self.spooled():
+            self._spool.remove()
         self._http.close()
+        return left
 
     def spooled(self) -> int:
         """Batches waiting on disk."""
-        return len(list(self._spool.glob("*.req"))) if self._spool.exists() else 0
+        return self._spool.count()
 
     # -- the background thread
     def _loop(self) -> None:
@@ -212,7 +226,7 @@ class HttpSink(_Sink):
             try:
                 # while the collector is down, batch up until the next retry: a few big spool
                 # files replay much faster than one tiny file per tick
-                down = time.monotonic() < self._next_try and self.spooled()
+                down = time.monotonic() < self._next_try
                 if down and self._buf_rows < self.max_batch_rows:
                     continue
                 self._take_buffers()
@@ -224,44 +238,40 @@ class HttpSink(_Sink):
             with self._lock:
                 if not self._outbox and not any(self._buf.values()) and not self.spooled():
                     self._idle.set()
+                self._room.notify_all()
 
     def _take_buffers(self) -> None:
         with self._lock:
             buf, self._buf = self._buf, {"scalars": [], "samples": [], "histograms": [], "tokens": []}
             self._buf_rows = 0
-        items: list[_Item] = []
-        if buf["scalars"] or buf["samples"] or buf["histograms"]:
-            batch_id = uuid.uuid4().hex
-            body = {"batch_id": batch_id, "rank": self.rank, "scalars": buf["scalars"],
-                    "samples": buf["samples"], "histograms": buf["histograms"]}
-            rows = len(buf["scalars"]) + len(buf["samples"]) + len(buf["histograms"])
-            items.append(_Item("json", batch_id, json.dumps(body).encode(), rows))
-        if buf["tokens"]:
-            import pyarrow as pa
-
-            table = pa.concat_tables(buf["tokens"])
-            for start in range(0, table.num_rows, self.max_batch_rows):
-                part = table.slice(start, self.max_batch_rows)
-                sink = pa.BufferOutputStream()
-                with pa.ipc.new_stream(sink, part.schema) as writer:
-                    writer.write_table(part)
-                items.append(_Item("arrow", uuid.uuid4().hex, sink.getvalue().to_pybytes(), part.num_rows))
+        items = requests_of(buf, self.rank, self.max_batch_rows)
         with self._lock:
-            self._outbox.extend(items)
+            self._push(items)
+
+    def _push(self, items: list[_Item]) -> None:
+        # under self._lock
+        self._outbox.extend(items)
+        self._outbox_bytes += sum(len(i.body) for i in items)
+
+    def _pop(self) -> _Item:
+        # under self._lock
+        item = self._outbox.popleft()
+        self._outbox_bytes -= len(item.body)
+        return item
 
     def _pump(self) -> None:
         # order is sacred: the spool (older) drains before the outbox (newer)
-        if self.spooled():
-            if time.monotonic() < self._next_try:
+        if time.monotonic() < self._next_try:
+            self._spool_outbox()
+            return
+        paths = self._spool.paths()
+        for path in paths:
+            if not self._send(self._spool.read(path), retries=1):
+                self._retry_later()
                 self._spool_outbox()
                 return
-            for path in sorted(self._spool.glob("*.req")):
-                item = self._read_spooled(path)
-                if not self._send(item, retries=1):
-                    self._retry_later()
-                    self._spool_outbox()
-                    return
-                path.unlink()
+            path.unlink()
+        if paths:
             self._backoff = 0.5
         while True:
             with self._lock:
@@ -281,7 +291,7 @@ class HttpSink(_Sink):
                 self._send(group[0], self.retries)
             with self._lock:
                 while self._outbox and self._outbox[0].done:
-                    self._outbox.popleft()
+                    self._pop()
             if not all(item.done for item in group):
                 self._retry_later()
                 self._spool_outbox()
@@ -297,39 +307,31 @@ class HttpSink(_Sink):
             with self._lock:
                 if not self._outbox:
                     return
-                item = self._outbox.popleft()
-            if not item.done:
-                self._spool_item(item)
+                item = self._outbox[0]
+            if not item.done and not self._spool.put(item):
+                self._spool_refused = True
+                return                       # kept in memory, in order, until it can go somewhere
+            self._spool_refused = False
+            with self._lock:
+                self._pop()
 
-    def _spool_item(self, item: _Item) -> None:
-        self._spool.mkdir(parents=True, exist_ok=True)
-        self._spool_seq += 1
-        path = self._spool / f"{self._spool_seq:012d}.{item.kind}.{item.batch_id}.{item.rows}.req"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(item.body)
-        os.replace(tmp, path)        # a file is either absent or whole
-
-    @staticmethod
-    def _read_spooled(path: Path) -> _Item:
-        _, kind, batch_id, rows, _ = path.name.split(".")
-        return _Item(kind, batch_id, path.read_bytes(), int(rows), path)
+    def _spool_or_hold(self, item: _Item) -> None:
+        if not self._spool.put(item):
+            self._spool_refused = True
+            with self._lock:
+                self._push([item])
 
     def _request(self, item: _Item):
         base = f"/api/runs/{self.run_id}"
-        if item.kind == "json":
-            return self._http.post(f"{base}/ingest", content=item.body,
-                                   headers={"Content-Type": "application/json"})
         if item.kind == "arrow":
             from forksight.monitor.schema import ARROW_MEDIA_TYPE
 
-            return self._http.post(f"{base}/tokens", content=item.body,
-                                   params={"batch_id": item.batch_id, "rank": self.rank},
-                                   headers={"Content-Type": ARROW_MEDIA_TYPE})
-        if item.kind == "run":
-            return self._http.post("/api/runs", content=item.body, headers={"Content-Type": "application/json"})
-        if item.kind == "status":
-            return self._http.patch(base, content=item.body, headers={"Content-Type": "application/json"})
-        return self._http.post(f"{base}/heartbeat")
+            return self._http.post(f"{base}/tokens", content=item.body, headers={"Content-Type": ARROW_MEDIA_TYPE},
+                                   params={"batch_id": item.batch_id, "rank": self.rank})
+        if item.kind == "heartbeat":
+            return self._http.post(f"{base}/heartbeat")
+        method, path = {"json": ("POST", f"{base}/ingest"), "run": ("POST", "/api/runs"), "status": ("PATCH", base)}[item.kind]
+        return self._http.request(method, path, content=item.body, headers={"Content-Type": "application/json"})
 
     def _send(self, item: _Item, retries: int = 3) -> bool:
         """True when the collector acknowledged (or refused for good); False: try again later."""
@@ -349,28 +351,33 @@ class HttpSink(_Sink):
                         self.sent_rows += item.rows
                 if item.kind in ("json", "arrow", "status"):
                     self._on_alerts(resp.json().get("alerts", []))
+                if item.kind == "run":       # created while offline: the collector chose the id
+                    self.run_id = resp.json()["run_id"]
                 return True
-            if resp is not None and resp.status_code == 404 and item.kind != "run" and self._recreate_run():
+            if resp is not None and resp.status_code == 404 and item.kind == "run":
+                return False                 # a rank > 0 joining: rank 0 has not created the run yet
+            if resp is not None and resp.status_code == 404 and self._recreate_run():
                 continue                     # a fresh collector on a new file: the run comes back
-            if resp is not None and resp.status_code in (400, 401, 403, 404, 413, 422):
-                message = f"{item.kind} batch {item.batch_id}: {resp.status_code} {resp.text[:500]}"
-                self.rejected.append(message)
-                log.error("forksight: collector refused %s", message)
-                item.done = True
+            if resp is not None and resp.status_code in (400, 401, 403, 404, 409, 413, 422):
+                self._refuse(item, f"{item.kind} batch {item.batch_id}: {resp.status_code} {resp.text[:500]}")
                 return True                  # retrying cannot help; do not block the rest
             if resp is not None:               # the collector answers but fails (5xx): not forever
                 failures = self._server_errors[item.batch_id] = self._server_errors.get(item.batch_id, 0) + 1
                 if failures >= MAX_SERVER_ERRORS:
-                    message = f"{item.kind} batch {item.batch_id}: gave up after {failures} answers " \
-                              f"{resp.status_code} {resp.text[:300]}"
-                    self.rejected.append(message)
-                    log.error("forksight: %s", message)
-                    item.done = True
+                    self._refuse(item, f"{item.kind} batch {item.batch_id}: gave up after {failures} answers "
+                                       f"{resp.status_code} {resp.text[:300]}")
                     return True
             if attempt + 1 < retries:
                 time.sleep(delay)
                 delay *= 2
         return False
+
+    def _refuse(self, item: _Item, message: str) -> None:
+        self.rejected.append(message)
+        log.error("forksight: collector refused %s", message)
+        with self._lock:
+            self._refused.update(item.tables())
+        item.done = True
 
     def _http_send(self, item: _Item):
         return self._request(item)

@@ -1,10 +1,6 @@
-"""Ingest: what every producer path writes through (the HTTP routes and the in-process LocalSink).
-
-It stores a batch through the Store, then, on the writer thread and in commit order, judges
-each step that became complete (a later step arrived, or the run ended) with the alert hub,
-reading its rank-merged scalars through the Reader (the one merge rule). The HTTP helpers at
-the bottom turn request bodies into Records.
-"""
+"""Ingest: the one write path of the HTTP routes and LocalSink. Stores a batch, then (writer thread,
+commit order) judges each step that became complete with the alert hub, reading its merged
+scalars through the Reader; the helpers at the bottom turn HTTP bodies into Records."""
 from __future__ import annotations
 
 import asyncio
@@ -24,7 +20,7 @@ from forksight.monitor.records import (
     ALERTS_SCHEMA, RecordError, Records, histograms_table, samples_table, scalars_table, tokens_table,
 )
 from forksight.monitor.schema import Batch
-from forksight.monitor.store import Store, WriteResult, insert_arrow
+from forksight.monitor.store import BatchConflict, Store, WriteResult, insert_arrow
 
 log = logging.getLogger("forksight.ingest")
 
@@ -201,23 +197,37 @@ def parse_json_batch(body: bytes) -> Batch:
         raise ApiError(422, validation_message(errors)) from None
 
 
+def _digest(*parts: bytes) -> str:
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        h.update(part)
+    return h.hexdigest()
+
+
 def json_records(body: bytes) -> tuple[Records, str]:
     """A JSON ingest body -> (Records, batch id); 400/422 naming what is wrong."""
     batch = parse_json_batch(body)
     try:
-        return batch_records(batch), batch.batch_id
+        records = batch_records(batch)
     except RecordError as exc:
         raise ApiError(422, str(exc)) from None
+    records.digest = _digest(b"json\0", body)   # a retry resends the same bytes
+    return records, batch.batch_id
 
 
 def parse_arrow_tokens(body: bytes, rank: int) -> Records:
     """An Arrow IPC stream of per-token columns -> Records; 422 naming what is wrong."""
+    from forksight.limits import MAX_DECODED_BYTES, MAX_TOKEN_ROWS
+    from forksight.monitor.ipc import StreamRefused, read_bounded
     from forksight.monitor.schema import ARROW_MEDIA_TYPE
 
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
-    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
-        raise ApiError(400, f"body is not an Arrow IPC stream ({exc}); send {ARROW_MEDIA_TYPE}") from None
+        table = read_bounded(body, MAX_TOKEN_ROWS, MAX_DECODED_BYTES)
+    except StreamRefused as exc:
+        hint = f"; send {ARROW_MEDIA_TYPE}" if exc.status == 400 else ""
+        raise ApiError(exc.status, f"{exc}{hint}") from None
     if "rank" in table.column_names:
         # older sinks sent the rank as a column too: accepted only when it says the same
         ranks = table["rank"]
@@ -227,7 +237,7 @@ def parse_arrow_tokens(body: bytes, rank: int) -> Records:
                            "row; send the rank as ?rank= only")
         table = table.drop_columns(["rank"])
     try:
-        return Records(tokens=tokens_table(table, rank=rank))
+        return Records(tokens=tokens_table(table, rank=rank), digest=_digest(b"arrow\0%d\0" % rank, body))
     except RecordError as exc:
         raise ApiError(422, str(exc)) from None
 
@@ -237,6 +247,8 @@ async def ingest_impl(ingest: Ingest, run_id: str, records: Records, batch_id: s
     require_run(ingest, run_id)
     try:
         result = await asyncio.wrap_future(ingest.write(run_id, records, batch_id))
+    except BatchConflict as exc:
+        raise ApiError(409, str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - nothing of the batch was stored (one transaction)
         log.exception("write of batch %s for run %s failed", batch_id, run_id)
         raise ApiError(500, f"the store could not write batch {batch_id} ({type(exc).__name__}: {exc}); "

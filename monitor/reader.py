@@ -1,9 +1,6 @@
-"""The ONE read interface over the store (TensorBoard's DataProvider is the model).
-
-Routes, dashboard and tests all read through `Reader`; every read takes a downsample bound.
-Each call uses its own cursor of the store's connection, so reads run concurrently with the
-writer thread and with each other.
-"""
+"""The ONE read interface over the store (TensorBoard's DataProvider is the model): routes,
+dashboard, alerts and tests read through `Reader`; every read takes a downsample bound and its
+own cursor, so reads run concurrently with the writer thread and with each other."""
 from __future__ import annotations
 
 import json

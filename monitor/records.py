@@ -1,9 +1,6 @@
-"""Records -> Arrow: the one place that turns logged rows into the store's Arrow tables.
-
-Every producer path (LocalSink, the collector's JSON and Arrow ingest) goes through these
-functions, so a row is checked the same way wherever it comes from: known columns, castable
-types, finite numbers, bounded text. A RecordError names the field and the fix.
-"""
+"""Records -> Arrow: the one place that turns logged rows into the store's Arrow tables, checked the
+same way on every path (LocalSink, JSON and Arrow ingest): known columns, same-kind types, finite
+numbers, bounded text. A RecordError names the field and the fix."""
 from __future__ import annotations
 
 import time
@@ -38,6 +35,7 @@ class Records:
     tokens: pa.Table | None = None
     samples: pa.Table | None = None
     histograms: pa.Table | None = None
+    digest: str | None = None         # hash of the request that carried them: a reused batch id must match
 
     def tables(self) -> Iterable[tuple[str, pa.Table]]:
         for name in DATA_TABLES:

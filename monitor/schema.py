@@ -1,9 +1,6 @@
-"""Wire models of the collector's HTTP API; row fields come from the table specs (forksight.tables).
-
-Everything a client sends is validated here before anything is stored: strict types, finite
-numbers only, bounded strings and row counts (forksight.limits). A request that breaks a
-limit is refused whole (nothing partial is stored) with a 4xx that names the field.
-"""
+"""Wire models of the collector's HTTP API; row fields come from the table specs (forksight.tables)
+and limits from forksight.limits: strict types, finite numbers, bounded strings and counts. A
+request that breaks one is refused whole with a 4xx naming the field."""
 from __future__ import annotations
 
 import json

@@ -1,11 +1,6 @@
 """The DuckDB store: it persists and reads, nothing else (ingest and alerts: monitor/ingest.py).
-
-One process owns the file (DuckDB lets no second process open it). Writes go through a queue
-drained by one thread that inserts registered Arrow tables in bulk (never executemany); a
-batch id seen twice is stored once, checked in the same transaction as the data. Reads use
-their own cursor of the same connection, so routes, dashboard and tests read concurrently.
-Times are unix seconds (DOUBLE). Tables: forksight.tables.
-"""
+One process owns the file; a single writer thread inserts Arrow tables in bulk, a batch id is
+stored once; reads use their own cursors (monitor/reader.py). Tables: forksight.tables."""
 from __future__ import annotations
 
 import json
@@ -25,7 +20,7 @@ from forksight.monitor.records import (  # noqa: F401
     ALERTS_SCHEMA, HISTOGRAMS_SCHEMA, SAMPLES_SCHEMA, SCALARS_SCHEMA, TOKENS_SCHEMA, RecordError, Records,
     histograms_table, samples_table, scalars_table, tokens_table,
 )
-from forksight.tables import DATA_TABLES, schema_sql
+from forksight.tables import DATA_TABLES, TABLES, schema_sql
 
 log = logging.getLogger("forksight.store")
 
@@ -47,6 +42,11 @@ class _WriteJob:
     future: Future
     after: Callable[[Any, WriteResult], None] | None = None
     duplicate: bool = False
+    conflict: str | None = None       # the batch id was stored with other content
+
+
+class BatchConflict(ValueError):
+    """A batch id already stored with different content (a batch id names one batch)."""
 
 
 @dataclass
@@ -80,9 +80,10 @@ def insert_arrow(cur, table: str, data: pa.Table, run_id: str | None = None) -> 
 class Store:
     """Owns one DuckDB file: schema, the single writer thread, and `reader`."""
 
-    def __init__(self, path: str, *, stale_after: float = STALE_AFTER_S):
+    def __init__(self, path: str, *, stale_after: float = STALE_AFTER_S, verify: bool = True):
+        """verify: read every block once on open (about 25 ms per million token rows)."""
         self.path = str(path)
-        self._conn = _connect(self.path)
+        self._conn = _connect(self.path, verify)
         self.reader = Reader(self._conn, stale_after=stale_after)
         self._queue: queue.Queue = queue.Queue()
         self._beat: dict[str, float] = {}
@@ -130,11 +131,8 @@ class Store:
     def create_run(self, name: str, *, project: str = "default", strategy: str | None = None,
                    model: str | None = None, config: dict | None = None, run_id: str | None = None,
                    join: bool = False) -> str:
-        """Create a run and return its id: `name` unless taken (then name-2, name-3, ...).
-
-        run_id: create exactly this id, or update it if it exists. join: return the newest live
-        run named `name` (ranks > 0), LookupError when there is none.
-        """
+        """Create a run and return its id: `name` unless taken (then name-2, ...). run_id: exactly this
+        id, updated if it exists. join: the newest live run named `name` (ranks > 0), else LookupError."""
         from forksight.limits import RUN_ID_PATTERN, RUN_ID_RE, slug_run_name
 
         for what, value in (("run name", name), ("run id", run_id)):
@@ -242,14 +240,21 @@ class Store:
         cur = self._wcur
         try:
             cur.begin()
-            seen: set = set()
+            seen: dict = {}
             for job in jobs:
                 if job.batch_id is None:
                     continue
-                key = (job.run_id, job.batch_id)
-                job.duplicate = key in seen or _one(
-                    cur, "SELECT 1 FROM batches WHERE run_id = ? AND batch_id = ?", list(key)) is not None
-                seen.add(key)
+                key, digest = (job.run_id, job.batch_id), job.records.digest
+                if key not in seen:
+                    row = _one(cur, "SELECT digest FROM batches WHERE run_id = ? AND batch_id = ?", list(key))
+                    if row is None:
+                        seen[key] = digest
+                        continue
+                    seen[key] = row[0]
+                job.duplicate = True
+                if seen[key] is not None and digest is not None and seen[key] != digest:
+                    job.conflict = (f"batch id {job.batch_id!r} of run {job.run_id!r} was stored before with "
+                                    "other content; nothing of this one was stored: send new content under a new id")
             fresh = [j for j in jobs if not j.duplicate]
             for run_id in dict.fromkeys(j.run_id for j in fresh):
                 mine = [j for j in fresh if j.run_id == run_id]
@@ -261,12 +266,12 @@ class Store:
                 if time.time() - self._beat.get(run_id, 0.0) > 1.0:    # ingest is a heartbeat
                     self._beat[run_id] = time.time()
                     cur.execute("UPDATE runs SET heartbeat = ? WHERE run_id = ?", [time.time(), run_id])
-            ids = [(j.run_id, j.batch_id) for j in fresh if j.batch_id is not None]
+            ids = [j for j in fresh if j.batch_id is not None]
             if ids:
-                now = time.time()
                 insert_arrow(cur, "batches", pa.table({
-                    "run_id": [r for r, _ in ids], "batch_id": [b for _, b in ids],
-                    "received_at": pa.array([now] * len(ids), pa.float64())}))
+                    "run_id": [j.run_id for j in ids], "batch_id": [j.batch_id for j in ids],
+                    "received_at": pa.array([time.time()] * len(ids), pa.float64()),
+                    "digest": pa.array([j.records.digest for j in ids], pa.string())}))
             cur.commit()
         except Exception as exc:  # noqa: BLE001 - a failing batch must fail alone
             try:
@@ -281,6 +286,9 @@ class Store:
                 jobs[0].future.set_exception(exc)
             return
         for job in jobs:
+            if job.conflict is not None:
+                job.future.set_exception(BatchConflict(job.conflict))
+                continue
             result = WriteResult(stored=not job.duplicate, rows={} if job.duplicate else job.records.num_rows())
             if job.after is not None:
                 try:
@@ -290,16 +298,40 @@ class Store:
             job.future.set_result(result)
 
 
-def _connect(path: str):
-    """Open the file read-write; say whether another process holds it, or it is damaged or unreadable."""
+def _connect(path: str, verify: bool = True):
+    """Open the file read-write, create missing tables and (verify) read every block once, so a
+    damaged file is refused now, not on the first read of a run; every failure says which kind."""
+    import os
+
     import duckdb
 
+    wal = os.path.exists(path + ".wal")
     try:
         conn = duckdb.connect(path)
-    except duckdb.IOException as exc:
-        raise RuntimeError(
-            f"cannot open {path}: {exc}. Another process (likely `forksight serve`) owns it; "
-            "stream to that collector with url=... instead of db=...") from None
-    conn.execute("SET enable_progress_bar = false")   # a collector's log is no terminal
-    conn.execute(schema_sql())
+    except duckdb.Error as exc:
+        raise RuntimeError(_open_failure(path, exc)) from None
+    try:
+        conn.execute("SET enable_progress_bar = false")   # a collector's log is no terminal
+        conn.execute(schema_sql())
+        if verify:
+            for table in TABLES:      # every column of every row: DuckDB checks each block's checksum
+                conn.execute(f"SELECT sum(hash(t)) FROM {table} t").fetchall()
+        if wal:
+            log.warning("%s.wal was left by a process that did not close the file; DuckDB replayed it (rows "
+                        "acknowledged after the last checkpoint are lost if that log was damaged)", path)
+            conn.execute("CHECKPOINT")
+    except duckdb.Error as exc:
+        conn.close()
+        raise RuntimeError(_open_failure(path, exc)) from None
     return conn
+
+
+def _open_failure(path: str, exc: Exception) -> str:
+    text = str(exc)
+    if "Could not set lock" in text or "Conflicting lock" in text:
+        return (f"cannot open {path}: another process (likely `forksight serve`) holds it ({text}); stream "
+                "to that collector with url=... instead of db=...")
+    if any(s in text for s in ("Is a directory", "No such file", "Permission denied", "Read-only file system")):
+        return f"cannot open {path}: {text}; check the path and its permissions"
+    return (f"{path} is damaged or not a DuckDB database ({text}); nothing was changed. Move it aside and "
+            "restore a copy, or start with a new path (forksight creates the file)")

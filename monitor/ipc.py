@@ -1,0 +1,142 @@
+"""Bounded reading of an Arrow IPC stream: rows and decoded bytes are counted from each message's
+header, message by message, BEFORE anything is decompressed (a small zstd body can declare
+hundreds of millions of rows); dictionary columns are refused by their expanded size.
+"""
+from __future__ import annotations
+
+import struct
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+class StreamRefused(ValueError):
+    """The stream breaks a limit or is malformed; `status` is the HTTP answer (400, 413 or 422)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+# ---------------------------------------------------------------------------- flatbuffer header
+# Just enough of Arrow's Message.fbs: Message{version, header_type, header, bodyLength};
+# RecordBatch{length, nodes, buffers, compression}; DictionaryBatch{id, data, isDelta}.
+_SCHEMA, _DICTIONARY, _RECORD_BATCH = 1, 2, 3
+
+
+def _table(buf: bytes, pos: int) -> tuple[int, int, int]:
+    vtable = pos - struct.unpack_from("<i", buf, pos)[0]
+    vt_size = struct.unpack_from("<H", buf, vtable)[0]
+    return pos, vtable, vt_size
+
+
+def _field(buf: bytes, table: tuple[int, int, int], slot: int) -> int | None:
+    pos, vtable, vt_size = table
+    at = 4 + 2 * slot
+    if at >= vt_size:
+        return None
+    off = struct.unpack_from("<H", buf, vtable + at)[0]
+    return pos + off if off else None
+
+
+def _deref(buf: bytes, at: int) -> int:
+    return at + struct.unpack_from("<I", buf, at)[0]
+
+
+def _header(metadata: bytes) -> tuple[int, int, list[tuple[int, int]], bool]:
+    """(header type, rows, [(offset, length) of each body buffer], compressed) of one message."""
+    root = _table(metadata, _deref(metadata, 0))
+    kind_at = _field(metadata, root, 1)
+    kind = metadata[kind_at] if kind_at is not None else 0
+    header_at = _field(metadata, root, 2)
+    if kind not in (_DICTIONARY, _RECORD_BATCH) or header_at is None:
+        return kind, 0, [], False
+    batch = _table(metadata, _deref(metadata, header_at))
+    if kind == _DICTIONARY:
+        data_at = _field(metadata, batch, 1)
+        if data_at is None:
+            return kind, 0, [], False
+        batch = _table(metadata, _deref(metadata, data_at))
+    length_at = _field(metadata, batch, 0)
+    rows = struct.unpack_from("<q", metadata, length_at)[0] if length_at is not None else 0
+    buffers = []
+    buffers_at = _field(metadata, batch, 2)
+    if buffers_at is not None:
+        vec = _deref(metadata, buffers_at)
+        count = struct.unpack_from("<I", metadata, vec)[0]
+        buffers = [struct.unpack_from("<qq", metadata, vec + 4 + 16 * i) for i in range(count)]
+    return kind, rows, buffers, _field(metadata, batch, 3) is not None
+
+
+def _decoded_size(body: pa.Buffer | None, buffers: list[tuple[int, int]], compressed: bool) -> int:
+    """Bytes the message's buffers take once decompressed (from their 8-byte length prefixes)."""
+    if not compressed:
+        return sum(length for _, length in buffers)
+    view = memoryview(body) if body is not None else memoryview(b"")
+    total = 0
+    for offset, length in buffers:
+        if length < 8:
+            continue                           # an empty buffer carries no prefix
+        if offset < 0 or offset + 8 > len(view):
+            raise StreamRefused(400, "a buffer lies outside the message body: the stream is damaged")
+        declared = struct.unpack_from("<q", view, offset)[0]
+        total += length - 8 if declared == -1 else declared
+    return total
+
+
+# ---------------------------------------------------------------------------- the reader
+def read_bounded(body: bytes, max_rows: int, max_bytes: int) -> pa.Table:
+    """Decode an IPC stream once its declared rows and decoded bytes are within the limits."""
+    source = pa.py_buffer(body)
+    try:
+        messages = pa.ipc.MessageReader.open_stream(source)
+        rows = size = 0
+        while True:
+            try:
+                message = messages.read_next_message()
+            except StopIteration:
+                break
+            if message is None:
+                break
+            kind, n, buffers, compressed = _header(message.metadata.to_pybytes())
+            if n < 0 or any(o < 0 or ln < 0 for o, ln in buffers):
+                raise StreamRefused(400, "a message declares negative sizes: the stream is damaged")
+            rows += n if kind == _RECORD_BATCH else 0
+            size += _decoded_size(message.body, buffers, compressed)
+            if rows > max_rows:
+                raise StreamRefused(422, f"tokens: the stream declares over {max_rows} rows (counted "
+                                    f"{rows} so far); the limit is {max_rows} per batch: split it")
+            if size > max_bytes:
+                raise StreamRefused(413, f"the stream decodes to over {max_bytes} bytes (counted {size} "
+                                    f"so far); send smaller batches")
+        table = pa.ipc.open_stream(source).read_all()
+    except StreamRefused:
+        raise
+    except (pa.ArrowException, OSError, struct.error, IndexError) as exc:
+        raise StreamRefused(400, f"body is not a valid Arrow IPC stream ({exc})") from None
+    names = table.column_names
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise StreamRefused(422, f"tokens: column(s) {repeated} appear more than once; send each column once")
+    return _expand_dictionaries(table, max_bytes - size)
+
+
+def _expand_dictionaries(table: pa.Table, room: int) -> pa.Table:
+    # a dictionary of one 1,000-character token indexed 2M times decodes to 2 GB: measure first
+    for i, field in enumerate(table.schema):
+        if not pa.types.is_dictionary(field.type):
+            continue
+        expanded = 0
+        for chunk in table.column(i).chunks:
+            values = chunk.dictionary
+            lengths = pc.binary_length(values) if pa.types.is_string(values.type) or \
+                pa.types.is_binary(values.type) else None
+            if lengths is None:
+                continue                      # a numeric dictionary decodes to index-sized data
+            expanded += pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0
+        if expanded > room:
+            raise StreamRefused(413, f"tokens.{field.name}: the dictionary column expands to {expanded} bytes; "
+                                f"the limit left is {room}: send plain columns or smaller batches")
+        table = table.set_column(i, field.name, pc.cast(table.column(i), field.type.value_type))
+        room -= expanded
+    return table

@@ -1,0 +1,225 @@
+"""The collector under malformed and hostile writes (issue 13): bounded Arrow decoding, 4xx for
+every malformed input, batch ids bound to their content, honest messages for damaged files."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from collector_util import ServeProcess
+from forksight.limits import MAX_CONFIG_CHARS, MAX_STEP, RUN_ID_RE
+from forksight.monitor.schema import ARROW_MEDIA_TYPE
+from forksight.monitor.store import Records, Store, scalars_table, tokens_table
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    with ServeProcess(tmp_path_factory.mktemp("hard") / "h.duckdb") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def http(srv):
+    with httpx.Client(base_url=srv.url, timeout=60) as client:
+        yield client
+
+
+def _run(http, name: str) -> str:
+    resp = http.post("/api/runs", json={"name": name})
+    assert resp.status_code == 201, resp.text
+    return resp.json()["run_id"]
+
+
+def _ipc(table: pa.Table, compression: str | None = "zstd", chunk: int | None = None) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as w:
+        w.write_table(table, max_chunksize=chunk)
+    return sink.getvalue().to_pybytes()
+
+
+def _post_arrow(http, run: str, body: bytes, batch_id: str = "b1", rank: int = 0) -> httpx.Response:
+    return http.post(f"/api/runs/{run}/tokens", content=body, params={"batch_id": batch_id, "rank": rank},
+                     headers={"Content-Type": ARROW_MEDIA_TYPE})
+
+
+def _counts(http, run: str) -> dict:
+    return http.get(f"/api/runs/{run}/counts").json()
+
+
+# ---------------------------------------------------------------------------- bounded decoding
+_PEAK = """
+import sys, pyarrow as pa
+from forksight.monitor.errors import ApiError
+from forksight.monitor.ingest import parse_arrow_tokens
+try:
+    parse_arrow_tokens(open(sys.argv[1], "rb").read(), 0)
+    status = 200
+except ApiError as exc:
+    status = exc.status
+print(status, pa.default_memory_pool().max_memory())
+"""
+
+
+def _peak(tmp_path, body: bytes) -> tuple[int, int]:
+    """(status, peak bytes Arrow allocated) of decoding `body` in a fresh process."""
+    path = tmp_path / "body.arrow"
+    path.write_bytes(body)
+    out = subprocess.run([sys.executable, "-c", _PEAK, str(path)], capture_output=True, text=True, check=True)
+    status, peak = out.stdout.split()
+    return int(status), int(peak)
+
+
+def test_a_row_bomb_is_refused_from_its_headers_before_anything_is_decoded(tmp_path, http):
+    n = 3_000_000                                     # the limit is 2M rows; 60 MB once decoded
+    bomb = pa.table({"step": pa.array(np.zeros(n, np.int64)), "sample_id": pa.array(np.zeros(n, np.int64)),
+                     "pos": pa.array(np.zeros(n, np.int32))})
+    body = _ipc(bomb, chunk=1_000_000)
+    assert len(body) < 100_000                        # zstd: a few KB on the wire
+    status, peak = _peak(tmp_path, body)
+    assert status == 422
+    assert peak < n * 20 / 4                          # decoding it would allocate n * 20 bytes
+    run = _run(http, "bomb")
+    resp = _post_arrow(http, run, body)
+    assert resp.status_code == 422 and "2000000" in resp.json()["detail"]
+    assert _counts(http, run)["tokens"] == 0
+
+
+def test_a_dictionary_column_is_refused_by_its_expanded_size(tmp_path, http):
+    n = 300_000                                       # one 1,000-char token 300k times: 300 MB expanded
+    token = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array(["x" * 1000]))
+    table = pa.table({"step": pa.array(np.ones(n, np.int64)), "sample_id": pa.array(np.arange(n)),
+                      "pos": pa.array(np.zeros(n, np.int32)), "token": token})
+    body = _ipc(table)
+    status, peak = _peak(tmp_path, body)
+    assert status == 413 and peak < n * 1000 / 4
+    run = _run(http, "dict")
+    resp = _post_arrow(http, run, body)
+    assert resp.status_code == 413 and "tokens.token" in resp.json()["detail"]
+    small = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int32()), pa.array(["a", "b"]))
+    ok = pa.table({"step": pa.array([1, 1, 1], pa.int64()), "sample_id": [0, 0, 0], "pos": [0, 1, 2], "token": small})
+    assert _post_arrow(http, run, _ipc(ok), batch_id="small").status_code == 200
+    assert http.get(f"/api/runs/{run}/tokens", params={"step": 1}).json()[1]["token"] == "b"
+
+
+# ---------------------------------------------------------------------------- 4xx, never 500
+def test_duplicate_arrow_column_names_are_a_422(http):
+    run = _run(http, "dup")
+    table = pa.Table.from_arrays([pa.array([1], pa.int64()), pa.array([0]), pa.array([0]), pa.array([1])],
+                                 names=["step", "sample_id", "pos", "pos"])
+    resp = _post_arrow(http, run, _ipc(table))
+    assert resp.status_code == 422 and "'pos'" in resp.json()["detail"]
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda b: b["samples"][0].update(sample_id=2**64), "samples[0].sample_id"),
+    (lambda b: b["samples"][0].update(group_id=2**63), "samples[0].group_id"),
+    (lambda b: b["tokens"][0].update(token_id=[2**31]), "tokens[0].token_id"),
+    (lambda b: b["tokens"][0].update(sample_id=[2**70]), "tokens[0].sample_id"),
+])
+def test_integers_past_their_stored_width_are_a_422_naming_the_field(http, mutate, field):
+    run = _run(http, "wide")
+    body = {"batch_id": "w", "samples": [{"step": 1, "sample_id": 0, "group_id": 0}],
+            "tokens": [{"step": 1, "sample_id": [0], "pos": [0], "token_id": [5]}]}
+    mutate(body)
+    resp = http.post(f"/api/runs/{run}/ingest", content=json.dumps(body), headers={"Content-Type": "application/json"})
+    assert resp.status_code == 422 and field in resp.json()["detail"], resp.text
+    assert _counts(http, run)["samples"] == 0
+
+
+def test_patch_config_is_as_strict_as_post(http):
+    run = _run(http, "patch")
+    assert http.patch(f"/api/runs/{run}", json={"config": {"lr": 0.1}}).status_code == 200
+    nan = http.patch(f"/api/runs/{run}", content='{"config": {"lr": NaN}}', headers={"Content-Type": "application/json"})
+    assert nan.status_code == 422 and "config" in nan.json()["detail"]
+    huge = {"config": {"blob": "x" * (MAX_CONFIG_CHARS + 1)}}
+    resp = http.patch(f"/api/runs/{run}", json=huge)
+    assert resp.status_code == 422 and str(MAX_CONFIG_CHARS) in resp.json()["detail"]
+    assert http.post("/api/runs", json={"name": "patch-post", **huge}).status_code == 422   # the same limit
+    assert http.get(f"/api/runs/{run}").json()["config"] == {"lr": 0.1}
+
+
+@pytest.mark.parametrize("columns, rank, fragment", [
+    ({"pos": pa.array(["1"])}, 0, "tokens.pos"),                     # no string -> number casts
+    ({"entropy": pa.array(["0.5"])}, 0, "tokens.entropy"),
+    ({"fork": pa.array([1], pa.int8())}, 0, "tokens.fork"),          # no number -> bool
+    ({"pos": pa.array([0.5])}, 0, "tokens.pos"),                     # no float -> int
+    ({"step": pa.array([MAX_STEP], pa.int64())}, 0, "tokens.step"),  # step < MAX_STEP, like JSON
+    ({"rank": pa.array([-7], pa.int32())}, 0, "tokens.rank"),        # a rank column must match ?rank=
+    ({"rank": pa.array([3], pa.int32())}, 0, "tokens.rank"),
+])
+def test_the_arrow_route_is_as_strict_as_the_json_route(http, columns, rank, fragment):
+    run = _run(http, "strict")
+    base = {"step": pa.array([1], pa.int64()), "sample_id": pa.array([0], pa.int64()), "pos": pa.array([0], pa.int32())}
+    resp = _post_arrow(http, run, _ipc(pa.table({**base, **columns})), rank=rank)
+    assert resp.status_code == 422 and fragment in resp.json()["detail"], resp.text
+    assert _counts(http, run)["tokens"] == 0
+
+
+# ---------------------------------------------------------------------------- batch ids
+def test_a_reused_batch_id_with_other_content_is_a_409_and_the_first_content_stays(http):
+    run = _run(http, "reuse")
+    first = {"batch_id": "same", "scalars": [{"step": 1, "key": "loss", "value": 1.0}]}
+    other = {"batch_id": "same", "scalars": [{"step": 1, "key": "loss", "value": 2.0}]}
+    post = lambda body: http.post(f"/api/runs/{run}/ingest", json=body)  # noqa: E731
+    assert post(first).json()["stored"] is True
+    again = post(first)
+    assert again.status_code == 200 and again.json()["duplicate"] is True         # a retry is fine
+    clash = post(other)
+    assert clash.status_code == 409 and "'same'" in clash.json()["detail"]
+    assert [r["value"] for r in http.get(f"/api/runs/{run}/scalars").json()] == [1.0]
+    table = pa.table({"step": pa.array([1], pa.int64()), "sample_id": [0], "pos": [0]})
+    assert _post_arrow(http, run, _ipc(table), batch_id="tok").status_code == 200
+    moved = pa.table({"step": pa.array([1], pa.int64()), "sample_id": [0], "pos": [1]})
+    assert _post_arrow(http, run, _ipc(moved), batch_id="tok").status_code == 409
+    assert _post_arrow(http, run, _ipc(table), batch_id="tok").json()["duplicate"] is True
+
+
+def test_run_ids_refuse_a_trailing_newline(tmp_path):
+    assert RUN_ID_RE.match("run") and not RUN_ID_RE.match("run\n")
+    with Store(tmp_path / "n.duckdb") as store:
+        with pytest.raises(ValueError, match="must match"):
+            store.create_run("run\n")
+        assert store.reader.list_runs().empty
+
+
+# ---------------------------------------------------------------------------- damaged files
+def _stored_file(path) -> int:
+    with Store(path) as store:
+        run = store.create_run("keep")
+        n = 400_000
+        store.write(run, Records(tokens=tokens_table({"sample_id": np.arange(n), "pos": np.zeros(n, np.int32),
+                                                      "entropy": np.random.default_rng(0).random(n).astype(np.float32)},
+                                                     step=1))).result()
+        store.write(run, Records(scalars=scalars_table([{"step": 1, "key": "loss", "value": 1.0}]))).result()
+    return os.path.getsize(path)
+
+
+def test_damaged_unreadable_and_held_files_each_get_their_own_message(tmp_path):
+    good = tmp_path / "good.duckdb"
+    size = _stored_file(good)
+    garbled = tmp_path / "garbled.duckdb"
+    shutil.copy(good, garbled)
+    with open(garbled, "r+b") as f:                   # a garbled data block inside a valid file
+        f.seek(size // 2)
+        f.write(os.urandom(64 * 1024))
+    truncated = tmp_path / "truncated.duckdb"
+    shutil.copy(good, truncated)
+    with open(truncated, "r+b") as f:
+        f.truncate(size // 2)
+    for path in (garbled, truncated):
+        with pytest.raises(RuntimeError) as err:
+            Store(path)
+        assert "damaged" in str(err.value) and "another process" not in str(err.value), str(err.value)
+    (tmp_path / "dir.duckdb").mkdir()
+    with pytest.raises(RuntimeError, match="check the path") as err:
+        Store(tmp_path / "dir.duckdb")
+    assert "another process" not in str(err.value)
+    with Store(good) as store:                        # the intact file still opens, whole
+        assert store.reader.row_counts("keep")["tokens"] == 400_000
