@@ -10,9 +10,6 @@ import json
 import re
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
-from fastapi import Request
-
-from forksight.monitor.errors import ApiError
 from forksight.limits import MAX_BODY_BYTES
 from forksight.monitor.schema import ARROW_MEDIA_TYPE
 
@@ -227,13 +224,3 @@ async def send_json(send, status: int, detail: str) -> None:
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 
-
-async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The request body, refusing (413) past `limit` even without a Content-Length."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"body is over {limit} bytes; send smaller batches")
-        chunks.append(chunk)
-    return b"".join(chunks)
