@@ -20,7 +20,7 @@ from forksight.limits import BATCH_ID_RE, MAX_RANK, limits
 from forksight.monitor.errors import ApiError, validation_message
 from forksight.monitor.ingest import Ingest, ingest_impl, json_records, parse_arrow_tokens, require_run
 from forksight.monitor.routes_read import read_routes
-from forksight.monitor.schema import Batch, RunCreate, RunUpdate
+from forksight.monitor.schema import ARROW_MEDIA_TYPE, Batch, RunCreate, RunUpdate
 from forksight.monitor.store import Store
 
 log = logging.getLogger("forksight.server")
@@ -102,7 +102,9 @@ def create_api(store: Store, *, hub=None) -> FastAPI:
         records, batch_id = json_records(await request.body())   # size: the guard caps it
         return await ingest_impl(ingester, run_id, records, batch_id)
 
-    @app.post("/api/runs/{run_id}/tokens")
+    @app.post("/api/runs/{run_id}/tokens",
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  ARROW_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}})
     async def ingest_tokens(run_id: str, request: Request,
                             batch_id: str = Query(..., description="idempotency key, [A-Za-z0-9._-]{1,64}"),
                             rank: int = Query(0, ge=0, le=MAX_RANK)) -> dict:

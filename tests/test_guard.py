@@ -178,7 +178,12 @@ def test_docs_load_every_asset_from_the_collector_itself(http):
         assert resp.status_code == 200, asset
     js = next(a for a in assets if a.endswith(".js"))
     assert b"SwaggerUIBundle" in http.get(js).content
-    assert http.get(next(a for a in assets if a.endswith("openapi.json"))).json()["openapi"].startswith("3.")
+    spec = http.get(next(a for a in assets if a.endswith("openapi.json"))).json()
+    assert spec["openapi"].startswith("3.")
+    # the docs name what each write accepts (the guard refuses any other media type)
+    assert set(spec["paths"]["/api/runs/{run_id}/tokens"]["post"]["requestBody"]["content"]) == \
+        {"application/vnd.apache.arrow.stream"}
+    assert set(spec["paths"]["/api/runs/{run_id}/ingest"]["post"]["requestBody"]["content"]) == {"application/json"}
 
 
 def test_crafted_dash_callback_payloads_get_4xx_and_a_real_one_still_works(tmp_path):
