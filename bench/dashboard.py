@@ -241,7 +241,7 @@ def main() -> int:
         run_id, took = seed(store, args.steps, args.token_rows_per_step)
         counts = store.reader.row_counts(run_id)
         from forksight.dashboard.app import create_dash
-        from forksight.dashboard.pages.tokens import prompt_history, render_step
+        from forksight.dashboard.pages.tokens import prompt_history, render_step, run_scale
 
         from forksight.dashboard.data import AppState
 
@@ -277,10 +277,16 @@ def main() -> int:
                 "entropy_patch_bytes": one_tick.bytes}
         steps = reader.token_steps(run_id)
         picks = np.random.default_rng(2).choice(len(steps), args.repeats, replace=False)
+        # the page reads a run's colour scale once (its first token steps) and keeps it
+        scales = {m: run_scale(reader, run_id, m, steps, app_state.token_rows)
+                  for m in ("entropy", "js")}
         tokens = p95_ms(lambda i: render_step(reader, run_id, steps[picks[i]], "0",
-                                              ("entropy", "js")[i % 2], app_state.token_rows),
-                        args.repeats)
+                                              ("entropy", "js")[i % 2], app_state.token_rows,
+                                              scales[("entropy", "js")[i % 2]],
+                                              newest=steps[-1]), args.repeats)
         token_steps = p95_ms(lambda i: reader.token_steps(run_id), max(3, args.repeats // 5))
+        token_tick = p95_ms(lambda i: reader.token_steps(run_id, since_step=steps[-1] + 1),
+                            args.repeats)   # what the open tokens page asks every second
         history = p95_ms(lambda i: prompt_history(reader, run_id, "12+35=", "entropy",
                                                   cache=app_state.token_rows),
                          max(3, args.repeats // 4))
@@ -306,6 +312,7 @@ def main() -> int:
                         "p95_over_target": round(tokens["p95_ms"] / TARGET_CALLBACK_MS, 2)},
         "tokens_history_heatmap": history,
         "tokens_page_step_list": token_steps,
+        "tokens_page_live_tick": token_tick,
         "ingest_to_visible": visible,
         "runs_page": runs_page(str(Path(tmp.name) / "runs.duckdb"), args.runs, 50,
                                max(3, args.repeats // 4)),

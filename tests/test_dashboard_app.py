@@ -119,3 +119,16 @@ def test_slider_follows_the_newest_step_only_when_the_user_is_on_it():
     assert follow_index([0, 1, 2], [0, 1, 2, 3], 1) == 1         # picked step 1: stays
     # steps arriving out of order (ranks): the picked step keeps its place by value
     assert follow_index([0, 4, 8], [0, 2, 4, 8, 9], 1) == 2
+
+
+def test_token_steps_since_a_step_are_the_tail_of_all_token_steps(tmp_path):
+    from forksight.monitor.store import Store
+    from synthetic import seed_run
+
+    with Store(str(tmp_path / "t.duckdb")) as store:
+        run_id = seed_run(store, "t", 7)
+        steps = store.reader.token_steps(run_id)
+        assert steps == list(range(7))
+        for since in (0, 3, 6, 7):
+            assert store.reader.token_steps(run_id, since_step=since) == [s for s in steps
+                                                                           if s >= since]
