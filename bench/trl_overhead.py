@@ -1,18 +1,20 @@
 """TRL GRPOTrainer step time with forksight's callback vs without, measured side by side in ONE
 run: the monitoring mode rotates every step (off / default / JS on all groups), so machine load
-hits every mode alike; overhead = median step time of a mode / median with it off − 1, in
-process CPU time (robust on a shared machine) and wall time.
+hits every mode alike. Reported: ratio = median step time of a mode / median with it off (process
+CPU time and wall time), and the callback's own main-thread CPU per step, timed directly inside
+its hooks and events (robust where step-time differences drown in a shared machine's noise).
 
 Shapes: "realistic" = Qwen2 with vocabulary 151,936, hidden 896 and one layer (Qwen2.5-0.5B's
 head and width, a shallow body); "tiny" = the offline test model. GRPOConfig defaults (8 rows,
 num_generations 8) except a short completion length, so CPU steps stay in seconds.
 The rlwatch anchor attaches to the tiny run through `on_log`; we list what it stored.
 
-    python bench/trl_overhead.py [--realistic-steps 7] [--tiny-steps 13] [--out result.json]
+    python bench/trl_overhead.py [--realistic-steps 7 (0: skip)] [--tiny-steps 14] [--threads 1] [--out result.json]
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sqlite3
@@ -39,12 +41,25 @@ class Rotate(TrainerCallback):
         self.monitor, self.warmup = monitor, warmup
         self.wall: dict[str, list[float]] = {m: [] for m in MODES}
         self.cpu: dict[str, list[float]] = {m: [] for m in MODES}
-        self._mode, self._t0, self._c0 = None, 0.0, 0.0
+        self.inside: dict[str, list[float]] = {m: [] for m in MODES}  # main-thread CPU in forksight code
+        self._mode, self._t0, self._c0, self._in = None, 0.0, 0.0, 0.0
+
+    def timed(self, fn):
+        """fn, with the main thread's CPU time inside it added to the current step: the callback's
+        own cost, measured directly (step-time differences drown in a busy machine's noise)."""
+        def wrapper(*args, **kwargs):
+            t0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._in += time.thread_time() - t0
+        return wrapper
 
     def _close(self) -> None:
         if self._mode is not None:
             self.wall[self._mode].append(time.perf_counter() - self._t0)
             self.cpu[self._mode].append(time.process_time() - self._c0)
+            self.inside[self._mode].append(self._in)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._close()  # warm-up steps (compile paths, allocate buffers) have no mode
@@ -52,7 +67,7 @@ class Rotate(TrainerCallback):
         self.monitor.enabled = self._mode != "off"
         if self.monitor.handle is not None:
             self.monitor.handle.stats.js_groups = "all" if self._mode == "js_all" else None
-        self._t0, self._c0 = time.perf_counter(), time.process_time()
+        self._t0, self._c0, self._in = time.perf_counter(), time.process_time(), 0.0
 
     def on_train_end(self, args, state, control, **kwargs):
         self._close()
@@ -90,6 +105,10 @@ def run(label: str, model, tokenizer, steps: int, warmup: int, completion_length
     trainer.add_callback(placeholder)  # first in the list: its step clock starts before anything else runs
     monitor = forksight.trl.attach(trainer, db=db, run=label)
     placeholder.monitor = monitor
+    for name in ("on_step_end", "on_log", "_on_generation"):  # instance attributes win over the methods
+        setattr(monitor, name, placeholder.timed(getattr(monitor, name)))
+    capture = monitor.handle.capture
+    capture.on_fused, capture.on_logits = placeholder.timed(capture.on_fused), placeholder.timed(capture.on_logits)
     if rlwatch_dir is not None:
         import rlwatch
 
@@ -109,11 +128,16 @@ def run(label: str, model, tokenizer, steps: int, warmup: int, completion_length
     def medians(times):
         return {m: statistics.median(t) for m, t in times.items() if t}
 
-    wall, cpu = medians(placeholder.wall), medians(placeholder.cpu)
+    wall, cpu, inside = medians(placeholder.wall), medians(placeholder.cpu), medians(placeholder.inside)
     result = {
         "cpu_s_median": {m: round(v, 4) for m, v in cpu.items()},
         "wall_s_median": {m: round(v, 4) for m, v in wall.items()},
         "steps_per_mode": {m: len(t) for m, t in placeholder.wall.items()},
+        # step time attached / bare: what a user sees (1.10 = the attached run is 10% slower)
+        "ratio_default": {"cpu": round(cpu["default"] / cpu["off"], 3), "wall": round(wall["default"] / wall["off"], 3)},
+        "ratio_js_all_groups": {"cpu": round(cpu["js_all"] / cpu["off"], 3), "wall": round(wall["js_all"] / wall["off"], 3)},
+        "callback_main_thread_ms_per_step": {m: round(1000 * inside[m], 2) for m in ("default", "js_all")},
+        "ratio_callback_main_thread_to_bare_step_cpu": round(inside["default"] / cpu["off"], 4),
         "overhead_default_cpu": round(cpu["default"] / cpu["off"] - 1, 4),
         "overhead_js_all_groups_cpu": round(cpu["js_all"] / cpu["off"] - 1, 4),
         "overhead_default_wall": round(wall["default"] / wall["off"] - 1, 4),
@@ -161,13 +185,16 @@ def rlwatch_captured(log_dir: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--realistic-steps", type=int, default=7, help="steps at vocab 151,936 (1 warm-up, rest rotate 3 modes)")
+    parser.add_argument("--realistic-steps", type=int, default=7, help="steps at vocab 151,936 (1 warm-up, rest rotate 3 modes; 0 = skip)")
     parser.add_argument("--tiny-steps", type=int, default=14, help="steps on the tiny model (2 warm-up, rest rotate 3 modes)")
     parser.add_argument("--realistic-length", type=int, default=8, help="max_completion_length at vocab 151,936")
     parser.add_argument("--tiny-length", type=int, default=16, help="max_completion_length on the tiny model")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: tiny models gain nothing from "
+                        "more, and spinning workers inflate CPU time on a shared machine)")
     parser.add_argument("--out", default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
     import trl
 
     from forksight.trainer.model import build_tiny, load
@@ -176,14 +203,15 @@ def main(argv: list[str] | None = None) -> None:
     out: dict = {"trl": trl.__version__, "torch": torch.__version__, "device": "cpu",
                  "threads": torch.get_num_threads(), "load_avg_start": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory() as workdir:
-        rl_dir = os.path.join(workdir, "rlwatch")
+        rl_dir = os.path.join(workdir, "rlwatch") if importlib.util.find_spec("rlwatch") else None
         out["tiny"], stored = run("tiny", tiny_model, tokenizer, args.tiny_steps, 2, args.tiny_length, workdir, rl_dir)
         # the tiny tokenizer decodes ids it lacks to "": fine for timing the 151,936-row head
-        big = realistic_model()
-        out["realistic_fused_head"] = fused_head_cost(big)
-        out["realistic"], _ = run("realistic", big, tokenizer, args.realistic_steps, 1,
-                                  args.realistic_length, workdir, None)
-        captured = rlwatch_captured(rl_dir)
+        if args.realistic_steps:  # 0: the tiny model only (a quick check)
+            big = realistic_model()
+            out["realistic_fused_head"] = fused_head_cost(big)
+            out["realistic"], _ = run("realistic", big, tokenizer, args.realistic_steps, 1,
+                                      args.realistic_length, workdir, None)
+        captured = rlwatch_captured(rl_dir) if rl_dir else "rlwatch not installed"
     out["rlwatch"] = {
         "captures": captured,
         "forksight_scalar_keys": len(stored["scalar_keys"]),

@@ -38,6 +38,7 @@ class StepReporter:
         self.token_groups = token_groups
         self.max_token_rows = max_token_rows
         self.fork_entropy = fork_entropy
+        self._texts: dict[int, str] = {}  # token id -> its text
 
     def report(self, step: int, stats: "metrics.TokenStats", token_ids: torch.Tensor, *,
                selected: torch.Tensor | None = None, fork: torch.Tensor | None = None,
@@ -114,7 +115,11 @@ class StepReporter:
     def _token_texts(self, ids: list[int]) -> list[str]:
         if self.tokenizer is None:
             return [str(i) for i in ids]
-        return self.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False)
+        # decoding every stored token anew cost ~1 ms a step on the tiny model; the cache is bounded by |V|
+        new = [i for i in dict.fromkeys(ids) if i not in self._texts]
+        if new:
+            self._texts.update(zip(new, self.tokenizer.batch_decode([[i] for i in new], skip_special_tokens=False)))
+        return [self._texts[i] for i in ids]
 
     @staticmethod
     def _sample_rows(samples: list[dict], group_list: list[int], mask: torch.Tensor,
