@@ -8,7 +8,7 @@ import hmac
 import ipaddress
 import json
 import re
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from forksight.limits import MAX_BODY_BYTES
 from forksight.monitor.schema import ARROW_MEDIA_TYPE
@@ -31,7 +31,11 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(host: str, token: str | None) -> None:
-    """Refuse (ValueError) to serve anything but loopback without a token."""
+    """Refuse (ValueError) to serve anything but loopback without a token, or with a token that
+    headers cannot carry as typed."""
+    if token and not (token.isascii() and token.isprintable() and " " not in token):
+        raise ValueError("the token must be printable ASCII without spaces (it travels in HTTP headers), "
+                         "e.g. --token \"$(openssl rand -hex 16)\"")
     if not token and not is_loopback(host):
         where = "every interface" if host.strip() in ("", "0.0.0.0", "::") else host
         raise ValueError(f"binding {where!r} without a token exposes every run to the network: pass "
@@ -55,7 +59,7 @@ def _cookie_token(header: str) -> str | None:
     for part in header.split(";"):
         name, sep, value = part.partition("=")
         if sep and name.strip() == TOKEN_COOKIE:
-            return value.strip().strip('"')
+            return unquote(value.strip().strip('"'))
     return None
 
 
@@ -208,7 +212,7 @@ def _is_navigation(scope, headers: dict) -> bool:
 def _with_cookie(send, token: str):
     # SameSite=Lax, not Strict: a link to /?token=T opened from chat or mail is a cross-site
     # navigation, and Strict would drop the cookie on the redirect that follows it
-    cookie = f"{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax".encode("latin-1")
+    cookie = f"{TOKEN_COOKIE}={quote(token, safe='')}; Path=/; HttpOnly; SameSite=Lax".encode("latin-1")
 
     async def send_with_cookie(message):
         if message["type"] == "http.response.start":

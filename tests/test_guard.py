@@ -277,3 +277,18 @@ def test_websocket_upgrades_are_closed_before_reaching_the_app():
     scope = {"type": "websocket", "path": "/", "headers": [(b"host", b"evil.example")]}
     asyncio.run(GuardMiddleware(app, token=None)(scope, receive, send))
     assert reached == [] and sent == [{"type": "websocket.close", "code": 1008}]
+
+
+def test_a_token_with_cookie_separators_survives_the_cookie_and_an_unusable_one_is_refused(tmp_path):
+    from forksight.monitor.guard import check_bind
+
+    token = 'a;b,c="d"\\e%'
+    with InProcessCollector(tmp_path / "q.duckdb", token=token) as server:
+        with httpx.Client(base_url=server.url) as browser:
+            nav = {"Accept": "text/html"}
+            resp = browser.get("/api/runs", params={"token": token}, headers=nav)
+            assert resp.status_code == 303
+            assert browser.get("/api/runs", headers=nav).status_code == 200          # by the cookie alone
+    for bad in ("two words", "tab\there", "é-token", "line\nbreak"):
+        with pytest.raises(ValueError, match="printable ASCII"):
+            check_bind("127.0.0.1", bad)
