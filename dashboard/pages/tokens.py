@@ -101,16 +101,16 @@ MIN_PROMPT_STEPS = 3    # fewer steps with this prompt: show every sampled rollo
 
 
 def prompt_history(reader, run_id: str, prompt: str | None, metric: str,
-                   max_steps: int = HISTORY_STEPS, cache: LRU | None = None
-                   ) -> tuple[pd.DataFrame, bool]:
-    """Token rows (step, pos, metric) of this prompt's rollouts over up to max_steps token
-    steps, and whether they are this prompt's (False: every sampled rollout, because the
-    prompt is unknown or recurs at fewer than MIN_PROMPT_STEPS steps)."""
-    steps = reader.token_steps(run_id)
-    steps = [steps[i] for i in downsample_indices(len(steps), max_steps)]
+                   max_steps: int = HISTORY_STEPS, cache: LRU | None = None,
+                   all_steps: list[int] | None = None) -> tuple[pd.DataFrame, bool]:
+    """Token rows (step, pos, metric) of this prompt's rollouts over up to max_steps of the
+    run's token steps (`all_steps`, else read), and whether they are this prompt's (False: every
+    sampled rollout: the prompt is unknown or recurs at fewer than MIN_PROMPT_STEPS steps)."""
+    all_steps = reader.token_steps(run_id) if all_steps is None else all_steps
+    steps = [all_steps[i] for i in downsample_indices(len(all_steps), max_steps)]
     parts, matched = [], 0
     for step in steps:
-        tokens, samples = _step_rows(reader, run_id, int(step), cache, newest=steps[-1])
+        tokens, samples = _step_rows(reader, run_id, int(step), cache, newest=all_steps[-1])
         if tokens.empty:
             continue
         if prompt and not samples.empty:
@@ -119,7 +119,7 @@ def prompt_history(reader, run_id: str, prompt: str | None, metric: str,
             matched += int(not tokens.empty)
         parts.append(tokens[["step", "pos", metric]])
     if prompt and matched < MIN_PROMPT_STEPS:
-        return prompt_history(reader, run_id, None, metric, max_steps, cache)
+        return prompt_history(reader, run_id, None, metric, max_steps, cache, all_steps)
     rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
         {"step": [], "pos": [], metric: []})
     return rows, bool(prompt)
@@ -248,7 +248,7 @@ def register(app: dash.Dash) -> None:
             return position_step_heatmap(None)
         app_state = data.current()
         rows, mine = prompt_history(app_state.reader, run_id, prompt or None, metric,
-                                    cache=app_state.token_rows)
+                                    cache=app_state.token_rows, all_steps=steps)
         which = "this prompt's rollouts" if mine else "every sampled rollout"
         return position_step_heatmap(rows, _scale(app_state, run_id, metric, steps),
                                      title=f"{METRICS[metric]} by position across training "
