@@ -1,5 +1,6 @@
-"""forksight.verl: a verl GRPO run (verl's own RayPPOTrainer.fit on CPU, tests/verl_run.py) with
-the plugin loaded through its `verl.plugins` entry point streams what a TRL run streams.
+"""forksight.verl: a verl GRPO run (verl's own RayPPOTrainer.fit and actor worker with its FSDP2
+engine, on CPU: tests/verl_run.py, tests/verl_cpu.py) with the plugin loaded through its
+`verl.plugins` entry point streams what a TRL run streams.
 
 verl pins its own transformers, so it lives in .venv/verl (`make test` builds it); these tests
 run it in a subprocess and check its outputs here against values computed another way.

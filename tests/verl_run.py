@@ -3,11 +3,11 @@ tests/test_verl.py. Runs in the verl environment (.venv/verl), not under pytest.
 
 verl's real code: hydra config (ppo_trainer.yaml), RLHFDataset + StatefulDataLoader, DataProto,
 fit()'s step loop, GRPO advantages (compute_grpo_outcome_advantage via compute_advantage),
-compute_data_metrics, Tracking (file backend + forksight backend), the padding converters, and
-the per-token math of verl's workers (entropy_from_logits, logprobs_from_logits,
-calculate_sum_pi_squared_from_logits) plus get_policy_loss_fn for the update. What cannot run
-on CPU is replaced in-process: HF `generate` in place of vLLM/SGLang (rollout + rule reward),
-and a one-process actor in place of the Ray FSDP worker group (same inputs and outputs).
+compute_data_metrics, Tracking (file backend + forksight backend), and the actor worker itself:
+ActorRolloutRefWorker with its FSDP2 engine (entropy, log p and Σp² in prepare_model_outputs,
+ppo_loss, the optimizer), one rank in this process on a test-only CPU platform (verl_cpu.py).
+What cannot run on CPU is replaced: HF `generate` on the actor's module in place of vLLM/SGLang
+(rollout + rule reward), and direct calls in place of Ray's worker-group dispatch.
 
 Usage: python tests/verl_run.py OUT_DIR STEPS [--nan-at STEP] [--stop-on-alert] [--without-forksight]
                                 [--url COLLECTOR] [--bypass]
@@ -29,9 +29,7 @@ import verl  # noqa: F401 - loads the `verl.plugins` entry points, forksight.ver
 
 PLUGIN_LOADED = "forksight.verl" in sys.modules   # nothing below imported it: the entry point did
 from verl import DataProto
-from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn
 from verl.utils import tensordict_utils as tu
-from verl.utils import torch_functional as verl_F
 from verl.utils.model import compute_position_id_with_mask
 from verl.workers.utils.padding import no_padding_2_padding
 
@@ -68,7 +66,10 @@ def make_config(model: Path, data: Path, out: Path, steps: int, n: int, stop_on_
         f"actor_rollout_ref.model.path={model}", f"actor_rollout_ref.rollout.n={n}",
         "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
         "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.calculate_sum_pi_squared=True",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16", "actor_rollout_ref.model.use_remove_padding=False",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+        "+actor_rollout_ref.model.override_config.attn_implementation=eager",
         "trainer.logger=[file,forksight]" if with_forksight else "trainer.logger=[file]", f"trainer.total_training_steps={steps}", "trainer.total_epochs=100",
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
         "trainer.balance_batch=False", "trainer.use_v1=False", "trainer.device=cpu", "trainer.resume_mode=disable",
@@ -146,75 +147,37 @@ class HFRollout:
                                    meta_info={"timing": {}, "reward_extra_keys": ["acc"]})
 
 
-class LocalActor:
-    """The actor worker group's compute_log_prob / update_actor in this process. Inputs and
-    outputs are verl's no-padding TensorDicts; per-token numbers come from verl's functions."""
+class InProcessWorkerGroup:
+    """actor_rollout_wg with one rank in this process: verl's own ActorRolloutRefWorker (FSDP2
+    engine, real ppo_loss and optimizer; tests/verl_cpu.py). It also saves each old-log-prob
+    pass's response logits, from the same weights, for the test to recompute with token_stats."""
 
-    def __init__(self, model, config, out: Path, nan_at: int | None):
-        from verl.utils.config import omega_conf_to_dataclass
-
-        self.model, self.out, self.nan_at = model, out, nan_at
-        self.actor_config = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
-        self.policy_loss = get_policy_loss_fn(self.actor_config.policy_loss.get("loss_mode", "vanilla"))
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.actor_rollout_ref.actor.optim.lr)
-        self.temperature = config.actor_rollout_ref.rollout.temperature
+    def __init__(self, worker, out: Path, nan_at: int | None, temperature: float):
+        self.worker, self.out, self.nan_at, self.temperature = worker, out, nan_at, temperature
+        self.module = worker.actor.engine.module
         self.log_prob_calls = self.updates = 0
-
-    def _forward(self, batch_td):
-        """Logits of every row, flattened to the no-padding layout [total_tokens, V]."""
-        input_ids, position_ids = batch_td["input_ids"], batch_td["position_ids"]
-        logits = [self.model(input_ids=ids[None], position_ids=pos[None]).logits[0].float() / self.temperature
-                  for ids, pos in zip(input_ids.unbind(), position_ids.unbind())]
-        return logits, input_ids
-
-    @staticmethod
-    def _shifted(values: list[torch.Tensor], input_ids) -> torch.Tensor:
-        """Per-position values (predicting the next token) back in the nested layout verl uses."""
-        flat = torch.cat([torch.nn.functional.pad(v, (0, 1)) for v in values])
-        return torch.nested.nested_tensor_from_jagged(flat, offsets=input_ids.offsets())
 
     def compute_log_prob(self, batch_td):
         self.log_prob_calls += 1
         with torch.no_grad():
-            logits, input_ids = self._forward(batch_td)
-        labels = [ids[1:] for ids in input_ids.unbind()]
-        logp = [verl_F.logprobs_from_logits(z[:-1], y) for z, y in zip(logits, labels)]
-        entropy = [verl_F.entropy_from_logits(z[:-1]) for z in logits]
-        sum_sq = [verl_F.calculate_sum_pi_squared_from_logits(z[:-1]) for z in logits]
-        # the response positions' logits, for the test to recompute everything with token_stats
-        flat_logits = torch.cat(logits)
-        resp_logits = no_padding_2_padding(flat_logits, batch_td)
-        torch.save({"logits": resp_logits, "mask": batch_td["response_mask"], "responses": batch_td["responses"]},
-                   self.out / f"logits_{self.log_prob_calls}.pt")
-        outputs = {"log_probs": self._shifted(logp, input_ids), "entropy": self._shifted(entropy, input_ids)}
-        if tu.get_non_tensor_data(batch_td, "calculate_sum_pi_squared", False):
-            outputs["sum_pi_squared"] = self._shifted(sum_sq, input_ids)
-        return tu.get_tensordict(outputs, non_tensor_dict={"metrics": {"mfu": 0.0}})
+            logits = [self.module(input_ids=ids[None], position_ids=pos[None]).logits[0].float() / self.temperature
+                      for ids, pos in zip(batch_td["input_ids"].unbind(), batch_td["position_ids"].unbind())]
+        torch.save({"logits": no_padding_2_padding(torch.cat(logits), batch_td), "mask": batch_td["response_mask"],
+                    "responses": batch_td["responses"]}, self.out / f"logits_{self.log_prob_calls}.pt")
+        return self.worker.compute_log_prob(batch_td)
 
     def update_actor(self, batch_td):
         self.updates += 1
-        logits, input_ids = self._forward(batch_td)
-        labels = [ids[1:] for ids in input_ids.unbind()]
-        logp = self._shifted([verl_F.logprobs_from_logits(z[:-1], y) for z, y in zip(logits, labels)], input_ids)
-        log_prob = no_padding_2_padding(logp, batch_td)
-        mask = batch_td["response_mask"].float()
-        self.actor_config.global_batch_info.update(dp_size=1, batch_num_tokens=int(mask.sum()),
-                                                   global_batch_size=mask.shape[0])
-        loss, pg_metrics = self.policy_loss(old_log_prob=batch_td["old_log_probs"], log_prob=log_prob,
-                                            advantages=batch_td["advantages"], response_mask=mask,
-                                            loss_agg_mode=self.actor_config.loss_agg_mode, config=self.actor_config)
-        self.optimizer.zero_grad()
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0))
-        self.optimizer.step()
-        pg_loss = float("nan") if self.updates == self.nan_at else float(loss.detach())   # a diverged loss, on request
-        metrics = {"pg_loss": pg_loss, "grad_norm": grad_norm, "mfu": 0.0,
-                   **{k: float(v) for k, v in pg_metrics.items() if np.ndim(v) == 0}}
-        return tu.get_tensordict({"dummy": torch.zeros(1)}, non_tensor_dict={"metrics": metrics})
+        output = self.worker.update_actor(batch_td)
+        if self.updates == self.nan_at:                  # a diverged loss, on request
+            metrics = dict(tu.get(output, "metrics"))
+            metrics.update({k: float("nan") for k in metrics if k.endswith("pg_loss")})
+            tu.assign_non_tensor(output, metrics=metrics)
+        return output
 
 
 class NoWeightSync:
-    """checkpoint_manager: HF generate shares the actor's module, so there is nothing to sync."""
+    """checkpoint_manager: generation uses the actor's own module, so there is nothing to sync."""
 
     def update_weights(self, step):
         pass
@@ -226,7 +189,7 @@ class NoWeightSync:
 # ---------------------------------------------------------------------------- main
 def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool, with_forksight: bool = True,
          url: str | None = None, bypass: bool = False) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from verl.single_controller.ray import ResourcePoolManager
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.utils import Role
@@ -240,7 +203,6 @@ def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool, with_fo
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     data = make_data(out, n_prompts=16)
     n = 4
     config = make_config(model_dir, data, out, steps, n, stop_on_alert, with_forksight, url, bypass)
@@ -250,8 +212,13 @@ def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool, with_fo
     trainer = RayPPOTrainer(config=config, tokenizer=tokenizer, role_worker_mapping={Role.ActorRollout: object},
                             resource_pool_manager=pools, train_dataset=dataset, val_dataset=dataset,
                             device_name="cpu")
-    trainer.actor_rollout_wg = LocalActor(model, config, out, nan_at)
-    trainer.async_rollout_manager = HFRollout(model, tokenizer, config.data.max_prompt_length,
+    from verl_cpu import actor_worker
+
+    workers = InProcessWorkerGroup(actor_worker(config.actor_rollout_ref), out, nan_at,
+                                   config.actor_rollout_ref.rollout.temperature)
+    trainer.actor_rollout_wg = workers
+    # generate with the actor's own (FSDP) module: always on-policy, nothing to sync
+    trainer.async_rollout_manager = HFRollout(workers.module, tokenizer, config.data.max_prompt_length,
                                               config.data.max_response_length, rollout_log_probs=bypass)
     trainer.checkpoint_manager = NoWeightSync()
     t0 = time.perf_counter()
