@@ -38,13 +38,22 @@ RUNS += [(f"nosignal-cold-s{seed}", "no_signal", "noise", dict(seed=seed, steps=
          for seed in (0, 1)]
 RUNS += [(f"explode-lr{lr:g}-s{seed}", "explode", "healthy", dict(lr=lr, seed=seed, steps=150))
          for lr, seed in ((8e-4, 0), (8e-4, 1), (1.2e-3, 0))]
+# TRL's GRPOTrainer on the untrained model (entropy near log|V| from step 0, the case that made
+# the old explosion detector fire on 71 of 76 runs of TRL's own GRPO tests)
+RUNS += [(f"trl-even-lr3e-4-s{seed}", "healthy", "trl-even", dict(lr=3e-4, seed=seed, steps=150)) for seed in (0, 1)]
+# "declining": entropy falls ~12% in 150 steps, faster and faster (run on to 400 steps, seed 0
+# reaches 0.72 nats, 87% down, just above the 10% line): neither healthy nor a collapse in range
+RUNS += [(f"trl-even-lr1e-3-s{seed}", "declining", "trl-even", dict(lr=1e-3, seed=seed, steps=150)) for seed in (0, 1)]
+RUNS += [(f"trl-coin-lr1e-3-s{seed}", "no_signal", "trl-coin", dict(lr=1e-3, seed=seed, steps=150)) for seed in (0, 1)]
+RUNS += [(f"trl-even-lr1e-2-s{seed}", "collapse", "trl-even", dict(lr=1e-2, seed=seed, steps=150)) for seed in (0, 1)]
 # detectors whose alerts are the point of a run of that kind. On a no-signal run the reward
 # teaches nothing, and "reward has stopped improving: check the reward function" (stagnation) is
 # the right diagnosis. The logged entropy adds to this: a run whose entropy doubles or collapses
 # (ground truth below) expects those alerts whatever it was meant to do. Anything else is false.
 COLLAPSE_FAMILY = {"entropy_collapse", "covariance", "lost_diversity", "fork_starvation", "stagnation"}
 EXPECTED = {"collapse": COLLAPSE_FAMILY, "collapse_fast": COLLAPSE_FAMILY,
-            "explode": {"entropy_explosion", "stagnation", "non_finite"}, "healthy": set(), "no_signal": {"stagnation"}}
+            "explode": {"entropy_explosion", "stagnation", "non_finite"}, "healthy": set(), "no_signal": {"stagnation"},
+            "declining": COLLAPSE_FAMILY}
 
 
 # ---------------------------------------------------------------------------- training (cached)
@@ -97,6 +106,48 @@ def _train_one(preset: str, overrides: dict, tmp: Path) -> tuple[list[int], list
     return steps, rows, int(AutoConfig.from_pretrained(build_tiny()).vocab_size)
 
 
+def _train_trl(preset: str, overrides: dict, tmp: Path) -> tuple[list[int], list[dict], int]:
+    """TRL's GRPOTrainer on the untrained tiny model (entropy starts near log|V|), forksight attached.
+
+    preset "trl-even": reward 1 when the first completion token id is even (TRL's own tests'
+    kind of reward); "trl-coin": a fair coin."""
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    import forksight.trl
+    from forksight.monitor.store import Store
+    from forksight.trainer.model import build_tiny, load
+
+    torch.set_num_threads(1)
+    coin = random.Random(f"coin-{overrides['seed']}")
+
+    def reward(completions, completion_ids, **kwargs):
+        if preset == "trl-coin":
+            return [float(coin.random() < 0.5) for _ in completion_ids]
+        return [1.0 if ids and ids[0] % 2 == 0 else 0.0 for ids in completion_ids]
+
+    model, tokenizer = load(build_tiny())
+    config = GRPOConfig(output_dir=str(tmp / "out"), report_to="none", use_cpu=True, bf16=False,
+                        seed=overrides["seed"], per_device_train_batch_size=32, num_generations=8,
+                        max_completion_length=8, learning_rate=overrides["lr"], lr_scheduler_type="constant",
+                        max_steps=overrides["steps"], logging_steps=1, save_strategy="no", disable_tqdm=True)
+    data = Dataset.from_list([{"prompt": f"Q: {10 + i}+{20 + i}= A:"} for i in range(64)])
+    trainer = GRPOTrainer(model=model, args=config, reward_funcs=reward, train_dataset=data,
+                          processing_class=tokenizer)
+    callback = forksight.trl.attach(trainer, db=str(tmp / "run.duckdb"), run="bench")
+    trainer.train()
+    callback.detach()
+    with Store(str(tmp / "run.duckdb")) as store:
+        run_id = store.reader.list_runs().run_id.iloc[0]
+        frame = store.reader.read_scalars(run_id, keys=list(KEYS), downsample=2**62)
+    steps, rows = [], []
+    for step, group in frame.groupby("step", sort=True):
+        steps.append(int(step))
+        rows.append({k: float(f"{v:.5g}") for k, v in zip(group["key"], group["value"])})
+    return steps, rows, int(model.config.vocab_size)
+
+
 def _columns(rows: list[dict]) -> dict[str, list]:
     return {k: [r.get(k) for r in rows] for k in KEYS if any(k in r for r in rows)}
 
@@ -116,7 +167,8 @@ def load_series(cache: Path = CACHE, retrain: bool = False) -> dict:
     missing = [r for r in RUNS if r[0] not in stored]
     for name, kind, preset, overrides in tqdm(missing, desc="train real runs", file=sys.stderr):
         with tempfile.TemporaryDirectory() as tmp:
-            steps, rows, vocab = _train_one(preset, overrides, Path(tmp))
+            train = _train_trl if preset.startswith("trl") else _train_one
+            steps, rows, vocab = train(preset, overrides, Path(tmp))
         stored[name] = {"kind": kind, "preset": preset, "overrides": overrides, "vocab_size": vocab,
                         "steps": steps, "columns": _columns(rows)}
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -240,6 +292,12 @@ def real_part(cache: Path = CACHE, retrain: bool = False) -> dict:
             "collapses_missed": sum(x is None or x < 0 for x in leads),
             "false_alarms_healthy_and_no_signal": sum(r[tool]["false_alarms"] for r in quiet),
             "false_alarms_all_runs": sum(r[tool]["false_alarms"] for r in runs)}
+    explode = [r for r in runs if r["kind"] == "explode"]
+    for tool in ("forksight", "rlwatch", "rlprobe"):
+        summary[tool]["explosion_leads"] = {r["run"]: r[tool]["lead"] for r in explode}
+    # shown, not hidden: what fired on runs that should be quiet but is counted as expected
+    summary["forksight"]["expected_alerts_on_no_signal"] = {
+        r["run"]: r["forksight"]["alerts"] for r in quiet if r["kind"] == "no_signal" and r["forksight"]["alerts"]}
     ok_leads = [x for x in summary["forksight"]["collapse_leads"] if x is not None]
     summary["targets"] = {
         "every_collapse_warned_20_steps_ahead": bool(collapse) and len(ok_leads) == len(collapse)

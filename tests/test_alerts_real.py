@@ -98,14 +98,17 @@ def test_real_healthy_and_no_signal_runs_raise_no_false_alarm(name):
 
 
 def test_no_signal_stagnation_names_a_plateau_the_data_show():
+    seen = 0
     for name in of_kind("no_signal"):
-        stagnation = [a for a in alerts_of(name) if a.detector == "stagnation"]
         steps, rows = series(name)
         reward = np.array([r["reward/mean"] for r in rows])
-        assert len(stagnation) == 1 and stagnation[0].step >= 100
-        end = steps.index(stagnation[0].step) + 1
-        gain = np.polyfit(np.arange(end - 100, end), reward[end - 100:end], 1)[0] * 99
-        assert stagnation[0].value == pytest.approx(gain, abs=1e-6) and gain < 0.02
+        for alert in (a for a in alerts_of(name) if a.detector == "stagnation"):
+            seen += 1
+            end = steps.index(alert.step) + 1
+            assert end >= 100
+            gain = np.polyfit(np.arange(end - 100, end), reward[end - 100:end], 1)[0] * 99
+            assert alert.value == pytest.approx(gain, abs=1e-6) and gain < 0.02
+    assert seen >= 2
 
 
 # ---------------------------------------------------------------------------- collapse lead
@@ -117,8 +120,7 @@ def test_real_collapse_is_forecast_at_least_20_steps_ahead(name):
     first = collapse[0]
     assert first.severity == "warning" and first.forecast is not None
     assert first.step <= truth - 20, (first.step, truth)
-    assert first.forecast - first.step > 0
-    assert any(a.severity == "critical" and a.step > truth for a in collapse)
+    assert 0 < first.forecast - first.step <= AlertConfig().collapse.forecast_horizon
 
 
 # ---------------------------------------------------------------------------- evidence in every message
