@@ -64,7 +64,8 @@ def run_serve(args: argparse.Namespace) -> int:
     except BaseException:
         store.close()
         raise
-    print(f"forksight collector on http://{args.host}:{args.port} (db {args.db}); "
+    where = f"http://{args.host}:{args.port}" if args.host.strip() else f"every interface, port {args.port}"
+    print(f"forksight collector on {where} (db {args.db}); "
           f"API docs at /docs{'; token required' if token else ''}", flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
