@@ -288,7 +288,7 @@ def main() -> int:
         token_tick = p95_ms(lambda i: reader.token_steps(run_id, since_step=steps[-1] + 1),
                             args.repeats)   # what the open tokens page asks every second
         history = p95_ms(lambda i: prompt_history(reader, run_id, "12+35=", "entropy",
-                                                  cache=app_state.token_rows),
+                                                  cache=app_state.token_rows, all_steps=steps),
                          max(3, args.repeats // 4))
         http = dash_http(app, run_id, args.repeats)
         visible = ingest_to_visible(store, run_id, state, tries=max(5, args.repeats // 2))
