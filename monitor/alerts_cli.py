@@ -86,10 +86,13 @@ def format_table(rows: list[dict]) -> str:
     """One header line per alert, then its message and action, indented."""
     if not rows:
         return "no alerts"
-    out = [f"{'step':>7}  {'severity':8}  {'detector':17}  {'value':>10}  {'threshold':>10}  forecast"]
+    from forksight.monitor.detectors import signal_of
+
+    out = [f"{'step':>7}  {'severity':8}  {'detector':17}  {'signal':20}  {'value':>10}  {'threshold':>10}  forecast"]
     for r in rows:
         fc = str(r["forecast"]) if r.get("forecast") is not None else "-"
-        out.append(f"{r['step']:>7}  {r['severity']:8}  {r['detector']:17}  {_number(r.get('value'))}  "
+        signal = signal_of(r.get("message", "")) or "-"
+        out.append(f"{r['step']:>7}  {r['severity']:8}  {r['detector']:17}  {signal:20}  {_number(r.get('value'))}  "
                    f"{_number(r.get('threshold'))}  {fc}")
         out.append(f"         {r['message']}")
         out.append(f"         action: {r['action']}")
