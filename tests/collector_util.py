@@ -129,3 +129,10 @@ class InProcessCollector:
 
     def __exit__(self, *exc) -> None:
         self.collector.stop()
+
+
+def create_run(http: httpx.Client, name: str, **fields) -> str:
+    """POST /api/runs through `http` (a client on a collector); the new run id (fails on anything but 201)."""
+    resp = http.post("/api/runs", json={"name": name, **fields})
+    assert resp.status_code == 201, resp.text
+    return resp.json()["run_id"]

@@ -12,7 +12,7 @@ import sys
 import httpx
 import pytest
 
-from collector_util import REPO, InProcessCollector, free_port
+from collector_util import REPO, InProcessCollector, create_run, free_port
 from forksight.limits import MAX_BODY_BYTES
 from forksight.monitor.guard import is_loopback
 
@@ -29,12 +29,6 @@ def srv(tmp_path_factory):
 def http(srv):
     with httpx.Client(base_url=srv.url, timeout=60) as client:
         yield client
-
-
-def _run(http, name: str) -> str:
-    resp = http.post("/api/runs", json={"name": name})
-    assert resp.status_code == 201, resp.text
-    return resp.json()["run_id"]
 
 
 def _run_names(http) -> list[str]:
@@ -66,7 +60,7 @@ def test_empty_host_means_every_interface_and_needs_a_token(tmp_path):
 # ---------------------------------------------------------------------------- body limit
 @pytest.mark.parametrize("method, path", [("POST", "/api/runs"), ("PATCH", "/api/runs/{run}")])
 def test_chunked_bodies_past_the_limit_get_413_on_every_route(http, method, path):
-    run = _run(http, f"chunked-{method.lower()}")
+    run = create_run(http, f"chunked-{method.lower()}")
     before = _run_names(http)
     resp = http.request(method, path.format(run=run), content=_over_limit_chunks(), headers=JSON)
     assert resp.status_code == 413 and str(MAX_BODY_BYTES) in resp.json()["detail"]
@@ -77,7 +71,7 @@ def test_chunked_bodies_past_the_limit_get_413_on_every_route(http, method, path
 
 # ---------------------------------------------------------------------------- other sites, other names
 def test_cross_site_writes_need_json_and_store_nothing(http):
-    run = _run(http, "cors-target")
+    run = create_run(http, "cors-target")
     before = _run_names(http)
     batch = {"batch_id": "x1", "scalars": [{"step": 0, "key": "entropy/mean", "value": 0.0}]}
     plain = http.post("/api/runs", content=json.dumps({"name": "evil"}), headers={"Content-Type": "text/plain"})
@@ -118,7 +112,7 @@ def _int_queries(value: int) -> list[tuple[str, str, dict]]:
 
 
 def test_query_integers_beyond_int64_are_422_not_500(http):
-    run = _run(http, "bigints")
+    run = create_run(http, "bigints")
     for value in (2**63, 2**130, -(2**63) - 1):
         for route, param, params in _int_queries(value):
             resp = http.get(f"/api/runs/{run}/{route}", params=params)
@@ -131,7 +125,7 @@ def test_query_integers_beyond_int64_are_422_not_500(http):
 
 
 def test_unknown_runs_are_404_on_every_read_sub_route(http):
-    run = _run(http, "known")
+    run = create_run(http, "known")
     for route in ("", "/scalar_keys", "/scalars", "/histograms", "/token_steps", "/tokens?step=0",
                   "/samples", "/counts"):
         ghost = http.get(f"/api/runs/ghost-run{route}")
@@ -241,7 +235,7 @@ def test_a_640_mb_chunked_body_does_not_grow_the_server(tmp_path):
     from collector_util import ServeProcess
 
     with ServeProcess(tmp_path / "m.duckdb") as server, httpx.Client(base_url=server.url, timeout=60) as http:
-        run = _run(http, "memory")
+        run = create_run(http, "memory")
         before = _peak_rss_mb(server.proc.pid)
 
         def chunks():

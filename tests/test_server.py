@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from collector_util import REPO, InProcessCollector, ServeProcess, free_port
+from collector_util import REPO, InProcessCollector, ServeProcess, create_run, free_port
 from forksight.monitor.client import open_sink
 from forksight.limits import MAX_BODY_BYTES, MAX_SCALAR_ROWS
 from forksight.monitor.schema import ARROW_MEDIA_TYPE
@@ -41,9 +41,7 @@ def http(srv):
 
 
 def _run(http, name="r") -> str:
-    resp = http.post("/api/runs", json={"name": name, "config": {"vocab_size": 311}})
-    assert resp.status_code == 201, resp.text
-    return resp.json()["run_id"]
+    return create_run(http, name, config={"vocab_size": 311})
 
 
 def _arrow(table: pa.Table) -> bytes:
