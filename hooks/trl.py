@@ -21,7 +21,6 @@ from forksight.hooks.attach import AttachHandle
 from forksight.hooks.passk import pass_at_k_groups
 from forksight.hooks.summary import group_scalars
 from forksight.hooks.sample_log import as_text
-from forksight.hooks.token_select import top_rho_mask
 
 log = logging.getLogger("forksight.trl")
 
@@ -182,14 +181,17 @@ class ForksightCallback(TrainerCallback):
         self.handle.row_index_fn = self._hasher.lookup
         self.handle.env_mask_fn = self._env_mask
         self.handle.per_forward_means = True  # TRL logs the mean of its per-micro-batch means
-        quantile = trainer.top_entropy_quantile
-        if quantile < 1.0:
-            def select(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-                # the same call TRL makes; with several ranks TRL gathers entropies, so use the local quantile
-                if accel.num_processes == 1:
-                    return trainer.get_high_entropy_mask(entropy, mask, 1 - quantile)
-                return top_rho_mask(entropy, mask, rho=quantile)[0]
-            self.handle.selection_fn = select
+        if trainer.top_entropy_quantile < 1.0:
+            original_mask = trainer.get_high_entropy_mask
+
+            def keep_trls_mask(entropies, mask, threshold):
+                # TRL's own mask (threshold gathered over ranks), right after the forward it belongs to
+                out = original_mask(entropies, mask, threshold)
+                if self.enabled and trainer.model.training:
+                    self._on_selection(out)
+                return out
+
+            trainer.get_high_entropy_mask = keep_trls_mask  # an instance attribute: detach deletes it
         if self.mode == "fused":
             self._patch_fused_head(model, trainer)
         original = trainer._generate_and_score_completions
@@ -264,6 +266,17 @@ class ForksightCallback(TrainerCallback):
         G = trainer.num_generations
         self._group_scalars = (group_scalars([i // G for i in range(n)], rewards, correct)
                                if accel.is_main_process and n else None)
+
+    def _on_selection(self, selected: torch.Tensor) -> None:
+        """Attach TRL's selection [B, C] to the record of the forward it was computed from."""
+        records = self.handle.buffer.records
+        if not records or records[-1].selected is not None or records[-1].mask.shape[0] != selected.shape[0]:
+            return
+        record = records[-1]
+        width = record.mask.shape[1]  # the record keeps the last `width` completion columns
+        if width > selected.shape[1]:
+            return
+        record.selected = selected[:, selected.shape[1] - width:].to(record.mask.device).bool() & record.mask
 
     def _env_mask(self, index: list[int], width: int) -> torch.Tensor | None:
         """Tool-output tokens of these rows, right-aligned with the forward's completion columns."""
@@ -342,6 +355,7 @@ class ForksightCallback(TrainerCallback):
         """Remove the hooks, the fused-head patch and the generation tap."""
         if self.trainer is not None:
             self.trainer.__dict__.pop("_generate_and_score_completions", None)
+            self.trainer.__dict__.pop("get_high_entropy_mask", None)
         if self._patched_model is not None:
             self._patched_model.__dict__["forward"] = self._forward_before
             self._patched_model = None

@@ -188,6 +188,7 @@ def test_detach_leaves_the_trainer_as_trl_built_it(run_a):
     assert not model._forward_hooks and not model._forward_pre_hooks and not model.model._forward_hooks
     assert not model.get_output_embeddings()._forward_hooks
     assert "_generate_and_score_completions" not in trainer.__dict__
+    assert "get_high_entropy_mask" not in trainer.__dict__
     assert callback not in trainer.callback_handler.callbacks
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+import torch
 
 from forksight.monitor.store import Store
 
@@ -45,6 +46,7 @@ def test_two_trl_ranks_stream_into_one_merged_run(tmp_path, collector, tiny_mode
                                "WHERE run_id='trl2' GROUP BY step ORDER BY step").fetchall()
         assert per_step == [(s, 16, 16, 16) for s in (1, 2, 3)]
         lengths = dict(con.execute("SELECT step, avg(length) FROM samples WHERE run_id='trl2' GROUP BY step").fetchall())
+        tokens = con.execute("SELECT step, rank, entropy, selected FROM tokens WHERE run_id='trl2'").df()
     finally:
         con.close()
     with Store(collector.db) as store:
@@ -56,3 +58,9 @@ def test_two_trl_ranks_stream_into_one_merged_run(tmp_path, collector, tiny_mode
         assert value("reward/mean", step) == pytest.approx(logs["reward"], abs=1e-6)  # rank 0, all 16 rows
         assert lengths[step] == pytest.approx(logs["completions/mean_length"], abs=1e-6)
         assert value("loss", step) == pytest.approx(logs["loss"], rel=1e-9)
+        # every token of both ranks is stored (sample=2 groups = all rows): the stored selection is
+        # TRL's top_entropy_quantile mask, whose threshold is gathered over both ranks
+        rows = tokens[tokens.step == step]
+        threshold = float(torch.quantile(torch.tensor(rows.entropy.to_numpy()), 0.8))
+        clear = (rows.entropy - threshold).abs() > 1e-5
+        assert (rows.selected[clear] == (rows.entropy[clear] >= threshold)).all()
