@@ -224,7 +224,9 @@ def _with_cookie(send, token: str):
 async def send_json(send, status: int, detail: str) -> None:
     """Answer {"detail": ...} with `status` straight from ASGI."""
     body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:                 # RFC 6750: say which scheme the token goes in
+        headers.append((b"www-authenticate", b'Bearer realm="forksight"'))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -137,7 +137,8 @@ def test_a_malformed_cookie_header_breaks_nothing_when_a_token_is_set(tmp_path):
     with InProcessCollector(tmp_path / "c.duckdb", token="tok-1") as server:
         url = f"{server.url}/api/runs"
         for cookie in ('a="b; ]]]; ===', "forksight_token", "\x7f\x01=\x02; ;;"):
-            assert httpx.get(url, headers={"Cookie": cookie}).status_code == 401, cookie
+            refused = httpx.get(url, headers={"Cookie": cookie})
+            assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer"), cookie
             assert httpx.get(url, headers={"Cookie": cookie, **server.headers}).status_code == 200, cookie
         mixed = httpx.get(url, headers={"Cookie": 'x="; ]]]; forksight_token=tok-1; y'})
         assert mixed.status_code == 200
