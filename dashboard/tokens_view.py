@@ -92,8 +92,11 @@ def legend(scale: TokenScale) -> html.Div:
         # the end labels sit inside the bar's ends, the others centred on their value
         shift = {0.0: "none", 100.0: "translateX(-100%)"}.get(round(where, 2), "translateX(-50%)")
         return {"left": f"{where:.2f}%", "transform": shift}
-    ticks = [html.Span(label, className="scale-tick", style=at(v)) for v, label in scale.ticks()]
-    marks = [html.Span(className="scale-mark", style=at(v)) for v, _ in scale.ticks()[1:-1]]
+    ends, inner = [scale.ticks()[0], scale.ticks()[-1]], scale.ticks()[1:-1]
+    # the ends' numbers under the bar, the marks' (fork threshold) above: they never overlap
+    ticks = [html.Span(label, className="scale-tick", style=at(v)) for v, label in ends] + \
+        [html.Span(label, className="scale-tick above", style=at(v)) for v, label in inner]
+    marks = [html.Span(className="scale-mark", style=at(v)) for v, _ in inner]
     gradient = f"linear-gradient(to right, {scale.fill(0.0)}, {scale.fill(1.0)})"
     return html.Div(className="tok-legend", children=[
         html.Span(f"{METRICS[scale.metric]}, fixed for this run: ", className="scale-name"),

@@ -156,8 +156,10 @@ def layout(run: str | None = None, step: str | None = None, sample: str | None =
             html.Div([html.Label("run"), dcc.Dropdown(id="tok-run", options=options, value=run,
                                                       clearable=False)], className="control"),
             html.Div([html.Label(id="tok-step-label", children="step"),
+                      # the value is an index into the run's token steps: no number box or
+                      # tooltip showing it; the marks and the label name the step
                       dcc.Slider(id="tok-step", min=0, max=0, step=1, value=0, marks=None,
-                                 tooltip={"placement": "bottom"})],
+                                 allow_direct_input=False)],
                      className="control control-wide"),
             html.Div([html.Label("sample"), dcc.Dropdown(id="tok-sample", clearable=False,
                                                          value=sample)], className="control"),
