@@ -210,3 +210,97 @@ def test_train_peft_config(attached):
         elif "base_layer" not in n:
             assert not torch.equal(param, new_param), f"Parameter {n} has not changed."
     assert_entropy_is_trls(attached)
+
+
+# ---------------------------------------------------------------------------- tools and environments
+# TRL runs these on tiny-Qwen3MoeForCausalLM; the stand-in is the same tiny Qwen2 with Qwen3's
+# chat template. Generation is scripted as in TRL (its fake_generate), in the stand-in's tokens.
+CALL = '<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call><|im_end|>'
+
+
+def test_train_with_tools(attached):
+    from unittest.mock import patch
+
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_models import multiply_tool, scripted_generate, zen
+
+    args = GRPOConfig(output_dir="out", learning_rate=0.1, per_device_train_batch_size=3, num_generations=3,
+                      max_completion_length=128, report_to="none", **CPU)
+    trainer = GRPOTrainer(model=POLICY, reward_funcs=REWARD_MODEL, args=args,
+                          train_dataset=zen("conversational_prompt_only"), tools=[multiply_tool])
+    previous = {n: p.clone() for n, p in trainer.model.named_parameters()}
+    first = [CALL.format(name="multiply_tool", args='{"a": 3, "b": 4}'),
+             CALL.format(name="multiply_tool", args='{"a": 3, "c": 4}'), "I don't know any tool<|im_end|>"]
+    fake = scripted_generate(AutoTokenizer.from_pretrained(POLICY), first, "Done!<|im_end|>")
+    with patch.object(trainer.model, "generate", side_effect=fake):
+        trainer.train()
+    assert_params_changed(trainer, previous)
+    assert trainer.state.log_history[-1]["tools/call_frequency"] is not None
+    assert trainer.state.log_history[-1]["tools/failure_frequency"] is not None
+    assert_entropy_is_trls(attached)
+
+
+def test_train_with_multiple_environments(attached, monkeypatch):
+    from unittest.mock import patch
+
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_models import scripted_generate
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    calls = {"increment": [], "shout": []}
+
+    class CounterEnvironment:
+        def reset(self, **kwargs):
+            return "Count."
+
+        def increment(self, step: int) -> int:
+            """
+            Increment the internal counter.
+
+            Args:
+                step: Value to add to the counter.
+
+            Returns:
+                The updated counter value.
+            """
+            calls["increment"].append(step)
+            return step
+
+    class EchoEnvironment:
+        def reset(self, **kwargs):
+            return "Echo."
+
+        def shout(self, text: str) -> str:
+            """
+            Shout the given text.
+
+            Args:
+                text: Text to shout.
+
+            Returns:
+                The text in upper case.
+            """
+            calls["shout"].append(text)
+            return text.upper()
+
+    args = GRPOConfig(output_dir="out", learning_rate=0.1, per_device_train_batch_size=4, num_generations=2,
+                      shuffle_dataset=False, report_to="none", **CPU)
+    trainer = GRPOTrainer(model=POLICY, reward_funcs=REWARD_MODEL, args=args,
+                          train_dataset=Dataset.from_dict({"environment": ["counter", "echo"] * 8}),
+                          environment_factory={"counter": CounterEnvironment, "echo": EchoEnvironment})
+    previous = {n: p.clone() for n, p in trainer.model.named_parameters()}
+    first = [CALL.format(name="increment", args='{"step": 1}'), "I won't<|im_end|>",
+             CALL.format(name="shout", args='{"text": "hi"}'), "Done!<|im_end|>"]
+    fake = scripted_generate(AutoTokenizer.from_pretrained(POLICY), first, "Done!<|im_end|>")
+    with patch.object(trainer.model, "generate", side_effect=fake):
+        trainer.train()
+    assert_params_changed(trainer, previous)
+    assert calls["increment"] and calls["shout"]
+    assert trainer.state.log_history[-1]["tools/call_frequency"] == pytest.approx(2 / 4)
+    assert trainer.state.log_history[-1]["tools/failure_frequency"] == pytest.approx(0.0)
+    assert_entropy_is_trls(attached)
