@@ -17,6 +17,9 @@ TOKEN_COOKIE = "forksight_token"
 WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 ARROW_ROUTE = re.compile(r"/api/runs/[^/]+/tokens/?")
 DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+# other sites may not frame the dashboard (clickjacking) nor learn its URLs from Referer
+PAGE_HEADERS = ((b"x-frame-options", b"DENY"), (b"content-security-policy", b"frame-ancestors 'none'"),
+                (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"same-origin"))
 
 
 def is_loopback(host: str) -> bool:
@@ -179,6 +182,9 @@ class GuardMiddleware:
                 return
             if message["type"] == "http.response.start":
                 state["started"] = True
+                given = {k.lower() for k, _ in message.get("headers", [])}
+                extra = [(k, v) for k, v in PAGE_HEADERS if k not in given]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
         try:

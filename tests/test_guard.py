@@ -287,3 +287,12 @@ def test_a_token_with_cookie_separators_survives_the_cookie_and_an_unusable_one_
     for bad in ("two words", "tab\there", "é-token", "line\nbreak"):
         with pytest.raises(ValueError, match="printable ASCII"):
             check_bind("127.0.0.1", bad)
+
+
+def test_no_page_of_the_collector_can_be_framed_by_another_site(tmp_path):
+    with InProcessCollector(tmp_path / "f.duckdb", dashboard=True) as server:
+        for path in ("/", "/api/health", "/docs"):
+            headers = httpx.get(server.url + path).headers
+            assert headers["x-frame-options"] == "DENY" and "frame-ancestors 'none'" in \
+                headers["content-security-policy"], path
+            assert headers["x-content-type-options"] == "nosniff", path
