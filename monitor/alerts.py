@@ -108,6 +108,8 @@ class ExplosionConfig(DetectorConfig):
     rise_ratio: float = Field(1.5, gt=1.0, description="ceiling = baseline × rise_ratio (and at least baseline + min_rise)")
     min_rise: float = Field(0.3, ge=0.0, description="smallest rise in nats that counts, so a tiny baseline cannot trip it")
     logv_fraction: float = Field(0.6, gt=0.0, le=1.0, description="lowers the ceiling to this fraction of log|V| (needs the vocabulary size), never below baseline + min_rise")
+    early_rise_ratio: float = Field(1.25, gt=1.0, description="warn already at baseline × this (at least + early_min_rise) when the value is climbing and reward falls or length grows")
+    early_min_rise: float = Field(0.1, ge=0.0, description="smallest rise in nats for that early warning")
     trend_window: int = Field(20, ge=5, description="steps in the fitted trend: a warning without falling reward or growing length needs the smoothed value still climbing")
     trend_min_r2: float = Field(0.5, ge=0.0, le=1.0, description="the climb's linear fit must explain this share of the variance")
     reward_drop: float = Field(0.05, ge=0.0, description="reward counts as falling once its EMA is this far below its best EMA")

@@ -104,18 +104,25 @@ class ExplosionDetector(Detector):
         climbing = fit is not None and fit[0] > 0 and fit[2] >= c.trend_min_r2
         above = ratio > 1.0
         clear = ratio < 1.0 - c.hysteresis
-        severity = self.tiers.update(step, warn=above and (climbing or bool(reasons)), crit=above and bool(reasons),
-                                     warn_clear=clear, crit_clear=clear)
+        # climbing while the reward already falls is the explosion starting: warn at a lower rise
+        early = min(ceiling, max(base * c.early_rise_ratio, base + c.early_min_rise))
+        early_warn = value > early and climbing and bool(reasons)
+        severity = self.tiers.update(step, warn=(above and (climbing or bool(reasons))) or early_warn,
+                                     crit=above and bool(reasons), warn_clear=value < early * (1.0 - c.hysteresis),
+                                     crit_clear=clear)
         if severity is None:
             return []
+        if severity == "warning" and not above:
+            ceiling = early
         label = "entropy" if key == c.entropy_key else "Rényi-2 entropy"
         cap = f", at most {c.logv_fraction:g} of log|V| = {self.log_v:.2f}" if self.log_v is not None else ""
         evidence = (f"; {' and '.join(reasons)}." if reasons else
                     f"; still climbing {fit[0]:+.4f} nats/step (r² {fit[2]:.2f}).")
-        msg = (f"Entropy explosion: smoothed {label} `{key}` = {value:.4f} nats stayed above its ceiling "
-               f"{ceiling:.4f} for {c.persist} steps, up {100 * (value / base - 1):.0f}% from the run's own "
-               f"baseline {base:.4f} (ceiling = baseline × {c.rise_ratio:g}, at least +{c.min_rise:g} nats{cap})"
-               f"{evidence}")
+        rule = (f"baseline × {c.rise_ratio:g}, at least +{c.min_rise:g} nats{cap}" if above else
+                f"the early level while reward falls: baseline × {c.early_rise_ratio:g}, at least +{c.early_min_rise:g} nats")
+        msg = (f"Entropy explosion: smoothed {label} `{key}` = {value:.4f} nats stayed above {ceiling:.4f} "
+               f"for {c.persist} steps, up {100 * (value / base - 1):.0f}% from the run's own baseline {base:.4f} "
+               f"({rule}){evidence}")
         return [self._alert(step, severity, msg, ACTION_EXPLOSION, value, ceiling, signal=key)]
 
 
