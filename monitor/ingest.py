@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -19,8 +18,10 @@ from forksight.monitor.errors import ApiError, validation_message
 from forksight.monitor.records import (
     ALERTS_SCHEMA, RecordError, Records, histograms_table, samples_table, scalars_table, tokens_table,
 )
+from forksight.monitor.reader import Reader
 from forksight.monitor.schema import Batch
-from forksight.monitor.store import BatchConflict, Store, WriteResult, insert_arrow
+from forksight.monitor.store import BatchConflict, Committed, Store, insert_arrow
+from forksight.tables import HISTOGRAMS, SCALARS
 
 log = logging.getLogger("forksight.ingest")
 
@@ -48,9 +49,17 @@ class Ingest:
         self._pending: dict[str, set[int]] = {}  # steps seen but not judged yet, per run
         self._vocab: dict[str, int | None] = {}
         self._known: set[str] = set()
-        self._lock = threading.Lock()
-        if hub is not None and hasattr(hub, "close"):
-            store.on_close(hub.close)
+        if hub is not None:
+            import duckdb
+
+            # the rows of steps not judged yet, shown to the same Reader as its `scalars` and
+            # `histograms`: one merge rule, at a cost that does not grow with the run
+            self._steps = duckdb.connect(":memory:")
+            self._steps_reader = Reader(self._steps, private=True)
+            self._rows: dict[str, dict[str, list[pa.Table]]] = {}   # run -> table -> pending rows
+            store.on_close(self._steps.close)
+            if hasattr(hub, "close"):
+                store.on_close(hub.close)
 
     def write(self, run_id: str, records: Records, batch_id: str | None = None) -> Future:
         """Queue one batch; the Future gives an Ingested once it is committed and judged."""
@@ -58,14 +67,13 @@ class Ingest:
         if self.hub is not None and run_id not in self._last:
             # before the write, in queue order: steps stored by an earlier process count as judged
             self.store.submit(lambda cur: self._load_last(cur, run_id))
-        fut = self.store.write(run_id, records, batch_id,
-                               after=lambda cur, result: self._written(cur, run_id, records, result, out))
+        fut = self.store.write(run_id, records, batch_id, after=self._committed, context=out)
         fut.add_done_callback(lambda f: self._settle(f, out))
         return out
 
     @staticmethod
     def _settle(fut: Future, out: Future) -> None:
-        # normally `after` resolved `out` already; this covers a failed write (or a failed `after`)
+        # normally `_committed` resolved `out` already; this covers a failed write (or hook)
         if out.done():
             return
         if fut.exception() is not None:
@@ -97,34 +105,61 @@ class Ingest:
         row = cur.execute("SELECT max(step) FROM scalars WHERE run_id = ?", [run_id]).fetchall()[0]
         self._last.setdefault(run_id, -1 if row[0] is None else int(row[0]))
 
-    def _written(self, cur, run_id: str, records: Records, result: WriteResult, out: Future) -> None:
-        alerts: list[dict] = []
-        if result.stored and self.hub is not None:
-            try:
-                alerts = self._judge(cur, run_id, records=records)
-            except Exception:  # noqa: BLE001 - a detector bug must not fail a stored batch
-                log.exception("alerts failed on run %s", run_id)
-        out.set_result(Ingested(result.stored, result.rows, alerts))
+    def _committed(self, cur, committed: list[Committed]) -> None:
+        """A committed group: buffer its new steps, judge each run once (its alerts go back with the
+        run's last batch that carried scalars), resolve the callers' Futures."""
+        alerts: dict[int, list[dict]] = {}
+        if self.hub is not None:
+            judge: dict[str, int] = {}
+            for i, c in enumerate(committed):
+                if c.result.stored:
+                    self._buffer(c.run_id, c.records)
+                    if c.records.scalars is not None and c.records.scalars.num_rows:
+                        judge[c.run_id] = i          # only new scalars complete a step
+            for run_id, i in judge.items():
+                try:
+                    alerts[i] = self._judge(cur, run_id)
+                except Exception:  # noqa: BLE001 - a detector bug must not fail a stored batch
+                    log.exception("alerts failed on run %s", run_id)
+        for i, c in enumerate(committed):
+            c.context.set_result(Ingested(c.result.stored, c.result.rows, alerts.get(i, [])))
 
-    def _judge(self, cur, run_id: str, records: Records | None = None, final: bool = False) -> list[dict]:
-        """Judge the run's steps that are complete now; store and return the alerts raised."""
+    def _buffer(self, run_id: str, records: Records) -> None:
         last = self._last.get(run_id, -1)
+        rows = self._rows.setdefault(run_id, {"scalars": [], "histograms": []})
+        for name, parts in rows.items():
+            table = getattr(records, name)
+            if table is None or not table.num_rows:
+                continue
+            keep = pc.greater(table["step"], last)
+            if name == "histograms":            # percentiles are merged from the entropy histogram
+                keep = pc.and_(keep, pc.equal(table["key"], "entropy"))
+            table = table.filter(keep)
+            if table.num_rows:
+                parts.append(table)
+                self._pending.setdefault(run_id, set()).update(pc.unique(table["step"]).to_pylist())
+
+    def _ready_rows(self, run_id: str, ready: list[int]) -> None:
+        """Show the Reader the ready steps' rows as `scalars`/`histograms`; keep the later ones."""
+        empty = {"scalars": SCALARS, "histograms": HISTOGRAMS}
+        for name, parts in self._rows.get(run_id, {}).items():
+            table = pa.concat_tables(parts) if parts else empty[name].arrow_schema().empty_table()
+            later = pc.greater(table["step"], ready[-1])
+            parts[:] = [table.filter(later)] if parts else []
+            table = table.filter(pc.invert(later))
+            self._steps.register(name, table.append_column("run_id", pa.array([run_id] * table.num_rows, pa.string())))
+
+    def _judge(self, cur, run_id: str, final: bool = False) -> list[dict]:
+        """Judge the run's steps that are complete now; store and return the alerts raised."""
         pending = self._pending.setdefault(run_id, set())
-        if records is not None:
-            for table, steps_of in ((records.scalars, None), (records.histograms, "entropy")):
-                if table is not None and table.num_rows:
-                    steps = table["step"] if steps_of is None else \
-                        table.filter(pc.equal(table["key"], steps_of))["step"]
-                    pending.update(s for s in pc.unique(steps).to_pylist() if s > last)
-            if records.scalars is None or not records.scalars.num_rows:
-                return []            # only new scalars complete a step
         newest = max(pending, default=None)
         ready = sorted(s for s in pending if final or s < newest)
         if not ready:
             return []
         pending.difference_update(ready)
         self._last[run_id] = ready[-1]
-        merged = self.store.reader.steps_scalars(run_id, ready)
+        self._ready_rows(run_id, ready)
+        merged = self._steps_reader.steps_scalars(run_id, ready)
         rows: list[dict] = []
         for step in ready:
             if not merged.get(step):

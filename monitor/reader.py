@@ -39,12 +39,17 @@ def histogram_quantile(lo: np.ndarray, hi: np.ndarray, counts: np.ndarray, q: fl
 class Reader:
     """The one read interface (TensorBoard's DataProvider is the model). Thread-safe."""
 
-    def __init__(self, conn, stale_after: float = STALE_AFTER_S):
+    def __init__(self, conn, stale_after: float = STALE_AFTER_S, *, private: bool = False):
+        """private: `conn` serves one thread only; queries run on it directly and so also see the
+        Arrow tables registered on it (the ingest's buffer of steps not judged yet)."""
         self._conn = conn
         self._lock = threading.Lock()
         self.stale_after = stale_after
+        self._private = private
 
     def _query(self, sql: str, params: Sequence | None = None) -> pd.DataFrame:
+        if self._private:
+            return self._conn.execute(sql, params or []).df()
         with self._lock:
             cur = self._conn.cursor()     # own connection per call: concurrent reads are safe
         try:
@@ -116,6 +121,8 @@ class Reader:
 
     def _merge_percentiles(self, run_id: str, df: pd.DataFrame) -> pd.DataFrame:
         # a percentile is not a mean: with >1 rank, recompute it from the summed histograms
+        if not (df.ranks > 1).any():
+            return df
         multi = df[(df.ranks > 1) & df.key.str.match(PERCENTILE_KEY)]
         if multi.empty:
             return df

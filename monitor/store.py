@@ -35,12 +35,23 @@ class WriteResult:
 
 
 @dataclass
+class Committed:
+    """One write of a committed group, as an `after` hook sees it."""
+
+    run_id: str
+    records: Records
+    result: WriteResult
+    context: Any
+
+
+@dataclass
 class _WriteJob:
     run_id: str
     records: Records
     batch_id: str | None
     future: Future
-    after: Callable[[Any, WriteResult], None] | None = None
+    after: Callable[[Any, list["Committed"]], None] | None = None
+    context: Any = None
     duplicate: bool = False
     conflict: str | None = None       # the batch id was stored with other content
 
@@ -95,16 +106,17 @@ class Store:
 
     # -- public write API (each returns at once; the writer thread does the work)
     def write(self, run_id: str, records: Records, batch_id: str | None = None, *,
-              after: Callable[[Any, WriteResult], None] | None = None) -> Future:
+              after: Callable[[Any, list[Committed]], None] | None = None, context: Any = None) -> Future:
         """Queue one batch; the Future gives a WriteResult once it is committed.
 
-        after(cursor, result) runs on the writer thread once committed, before the Future resolves.
+        after(cursor, [Committed, ...]) runs on the writer thread once per committed group, with every
+        write of the group that named it (in order), before their Futures resolve.
         """
         fut: Future = Future()
         if self._closed:
             fut.set_exception(RuntimeError("store is closed"))
             return fut
-        self._queue.put(_WriteJob(run_id, records, batch_id, fut, after))
+        self._queue.put(_WriteJob(run_id, records, batch_id, fut, after, context))
         return fut
 
     def submit(self, fn: Callable[[Any], Any]) -> Future:
@@ -285,16 +297,21 @@ class Store:
                 log.warning("write of batch %s failed: %s", jobs[0].batch_id, exc)
                 jobs[0].future.set_exception(exc)
             return
+        done = [j for j in jobs if j.conflict is None]
+        results = [WriteResult(stored=not j.duplicate, rows={} if j.duplicate else j.records.num_rows()) for j in done]
+        hooks: dict = {}
+        for job, result in zip(done, results):
+            if job.after is not None:
+                hooks.setdefault(job.after, []).append(Committed(job.run_id, job.records, result, job.context))
+        for hook, committed in hooks.items():   # once per group: a backlog is judged in one pass
+            try:
+                hook(cur, committed)
+            except Exception:  # noqa: BLE001 - the batches are stored; their callers still hear so
+                log.exception("after-write hook failed for %d batch(es)", len(committed))
         for job in jobs:
             if job.conflict is not None:
                 job.future.set_exception(BatchConflict(job.conflict))
-                continue
-            result = WriteResult(stored=not job.duplicate, rows={} if job.duplicate else job.records.num_rows())
-            if job.after is not None:
-                try:
-                    job.after(cur, result)
-                except Exception:  # noqa: BLE001 - the batch is stored; its caller still hears so
-                    log.exception("after-write hook of batch %s failed", job.batch_id)
+        for job, result in zip(done, results):
             job.future.set_result(result)
 
 
