@@ -8,6 +8,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from typing import Any, Mapping, Sequence
 
 from forksight.monitor.http_sink import HttpSink
@@ -45,8 +46,12 @@ class NullSink(_Sink):
     def flush(self, timeout: float | None = None) -> bool:
         return True
 
-    def finish(self, status: str = "finished") -> None:
+    def undelivered(self) -> dict[str, int]:
+        return {}                 # a NullSink stores nothing by design: nothing is owed
+
+    def finish(self, status: str = "finished") -> dict[str, int]:
         self._finished = True
+        return {}
 
 
 # ---------------------------------------------------------------------------- local
@@ -68,7 +73,8 @@ class LocalSink(_Sink):
         self.rank = rank
         self.run_id = self.store.create_run(run, project=project, strategy=strategy, model=model,
                                             config=config, run_id=run if resume else None)
-        self._pending: set = set()
+        self._pending: dict = {}                 # write Future -> its rows per table
+        self._failed: Counter = Counter()        # rows of writes the store could not do
         self._lock = threading.Lock()
         self._ended = threading.Event()
         threading.Thread(target=self._beat, name="forksight-heartbeat", daemon=True).start()
@@ -85,17 +91,20 @@ class LocalSink(_Sink):
     def _submit(self, **tables) -> None:
         from forksight.monitor.store import Records
 
-        fut = self.ingest.write(self.run_id, Records(**tables))
+        records = Records(**tables)
+        fut = self.ingest.write(self.run_id, records)
         with self._lock:
-            self._pending.add(fut)
+            self._pending[fut] = records.num_rows()
         fut.add_done_callback(self._done)
 
     def _done(self, fut) -> None:
         with self._lock:
-            self._pending.discard(fut)
-        exc = fut.exception()
-        if exc is not None:
-            log.error("forksight: a write to %s failed: %s", self.store.path, exc)
+            rows = self._pending.pop(fut, {})
+            if fut.exception() is not None:
+                self._failed.update(rows)
+        if fut.exception() is not None:
+            log.error("forksight: a write to %s failed (%s rows not stored): %s", self.store.path, rows,
+                      fut.exception())
         else:
             self._on_alerts(fut.result().alerts)
 
@@ -125,28 +134,47 @@ class LocalSink(_Sink):
         self._submit(histograms=histograms_table([_histogram_item(step, key, counts, edges)], self.rank))
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until everything logged so far is stored (and its alerts received)."""
-        self.store.flush()
+        """Wait until everything logged so far is stored (and its alerts received); False when a
+        write failed (see `undelivered()`) or on timeout."""
+        try:
+            self.store.flush()
+        except RuntimeError:      # closed: what was queued has been written or has failed
+            pass
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:               # done-callbacks may still be running on the writer thread
             with self._lock:
                 if not self._pending:
-                    return True
+                    return not self._failed
             if deadline is not None and time.monotonic() > deadline:
                 return False
             time.sleep(0.001)
 
-    def finish(self, status: str = "finished") -> None:
-        """Flush, mark the run, and close the store if this sink opened it."""
+    def undelivered(self) -> dict[str, int]:
+        """Rows per table not stored: still queued, or failed."""
+        with self._lock:
+            total = Counter(self._failed)
+            for rows in self._pending.values():
+                total.update(rows)
+        return dict(+total)
+
+    def finish(self, status: str = "finished") -> dict[str, int]:
+        """Flush, mark the run, close the store if this sink opened it; returns `undelivered()`."""
         if self._finished:
-            return
+            return self.undelivered()
         self._finished = True
         self._ended.set()
         _open_sinks.discard(self)
         self.flush()
-        self._on_alerts(self.ingest.update_run(self.run_id, status=status) or [])
+        try:
+            self._on_alerts(self.ingest.update_run(self.run_id, status=status) or [])
+        except RuntimeError as exc:          # the store was closed under us
+            log.error("forksight: could not mark run %s %s: %s", self.run_id, status, exc)
         if self._owns_store:
             self.store.close()
+        left = self.undelivered()
+        if left:
+            log.warning("forksight: rows of run %s not stored: %s", self.run_id, left)
+        return left
 
 
 # ---------------------------------------------------------------------------- open

@@ -92,3 +92,17 @@ def test_a_sink_started_while_the_collector_is_down_files_a_new_run_not_an_old_o
         new_rows = httpx.get(f"{server.url}/api/runs/exp-2/scalars").json()
     assert runs["exp"]["status"] == "finished" and [r["value"] for r in old_rows] == [9.0]
     assert [r["value"] for r in new_rows] == [1.0] and runs["exp-2"]["status"] == "finished"
+
+
+def test_a_local_sink_whose_writes_fail_says_so_instead_of_returning_true(tmp_path):
+    from forksight.monitor.client import LocalSink
+
+    sink = LocalSink(str(tmp_path / "l.duckdb"), "local")
+    sink.log_scalars(0, {"loss": 1.0})
+    assert sink.flush() is True and sink.undelivered() == {}
+    sink.store.close()                                # e.g. the file's owner went away under it
+    sink.log_scalars(1, {"loss": 0.5, "kl": 0.1})
+    sink.log_tokens(1, {"sample_id": [0, 0, 0], "pos": [0, 1, 2]})
+    assert sink.flush() is False
+    assert sink.undelivered() == {"scalars": 2, "tokens": 3}
+    assert sink.finish() == {"scalars": 2, "tokens": 3}
