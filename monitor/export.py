@@ -35,19 +35,23 @@ def export_file(db: str, run_id: str, out_dir: str) -> dict[str, int]:
 
     if not os.path.exists(db):
         raise FileNotFoundError(f"no DuckDB file at {db}")
+    from forksight.monitor.store import open_failure
+
     try:
         conn = duckdb.connect(db, read_only=True)
-    except duckdb.IOException as exc:
-        if "lock" in str(exc).lower():
+    except duckdb.Error as exc:
+        if "Could not set lock" in str(exc) or "Conflicting lock" in str(exc):
             raise RuntimeError(
                 f"{db} is held by another process (a running `forksight serve` or training run): stop "
                 f"`forksight serve`, or download the export from the collector with "
                 f"GET /api/runs/{run_id}/export") from None
-        raise
+        raise RuntimeError(open_failure(db, exc)) from None
     try:
         known = [r[0] for r in conn.execute("SELECT run_id FROM runs ORDER BY created_at").fetchall()]
         if run_id not in known:
             raise LookupError(f"no run {run_id!r} in {db}; runs there: {', '.join(known) or 'none'}")
         return export_tables(conn, run_id, out_dir)
+    except duckdb.Error as exc:           # a damaged block met while copying
+        raise RuntimeError(open_failure(db, exc)) from None
     finally:
         conn.close()

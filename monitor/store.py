@@ -326,7 +326,7 @@ def _connect(path: str, verify: bool = True):
     try:
         conn = duckdb.connect(path)
     except duckdb.Error as exc:
-        raise RuntimeError(_open_failure(path, exc)) from None
+        raise RuntimeError(open_failure(path, exc)) from None
     try:
         conn.execute("SET enable_progress_bar = false")   # a collector's log is no terminal
         conn.execute(schema_sql())
@@ -339,11 +339,12 @@ def _connect(path: str, verify: bool = True):
             conn.execute("CHECKPOINT")
     except duckdb.Error as exc:
         conn.close()
-        raise RuntimeError(_open_failure(path, exc)) from None
+        raise RuntimeError(open_failure(path, exc)) from None
     return conn
 
 
-def _open_failure(path: str, exc: Exception) -> str:
+def open_failure(path: str, exc: Exception) -> str:
+    """What went wrong opening a DuckDB file, in words: held by another process, unreadable, or damaged."""
     text = str(exc)
     if "Could not set lock" in text or "Conflicting lock" in text:
         return (f"cannot open {path}: another process (likely `forksight serve`) holds it ({text}); stream "

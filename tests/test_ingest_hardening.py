@@ -15,6 +15,7 @@ import pytest
 
 from collector_util import ServeProcess
 from forksight.limits import MAX_CONFIG_CHARS, MAX_STEP, RUN_ID_RE
+from forksight.monitor.export import export_file
 from forksight.monitor.schema import ARROW_MEDIA_TYPE
 from forksight.monitor.store import Records, Store, scalars_table, tokens_table
 
@@ -217,6 +218,8 @@ def test_damaged_unreadable_and_held_files_each_get_their_own_message(tmp_path):
         with pytest.raises(RuntimeError) as err:
             Store(path)
         assert "damaged" in str(err.value) and "another process" not in str(err.value), str(err.value)
+        with pytest.raises(RuntimeError, match="damaged"):            # `forksight export` says the same
+            export_file(str(path), "keep", str(tmp_path / "out"))
     (tmp_path / "dir.duckdb").mkdir()
     with pytest.raises(RuntimeError, match="check the path") as err:
         Store(tmp_path / "dir.duckdb")
