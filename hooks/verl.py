@@ -7,10 +7,12 @@ entropy and log p as `_compute_old_log_prob` returned them, Σp² when `actor.ca
 (H2 = -log Σp²), and the finished batch (responses, response_mask, token_level_scores,
 advantages, `uid`). StepReporter turns them into the same records a TRL run produces, so pass@k,
 the tokens page and every alert work. Top-1 and JS need full distributions, which only the
-workers see: they are stored as "not computed".
+workers see: hooks/verl_worker.py computes them there on the old-log-prob pass (NaN = "not
+computed", stored as null, where a group was split or the logits were never built).
 
 Settings come from `+trainer.forksight.<name>=...` (or FORKSIGHT_<NAME>): url, db, run, project,
-stop_on_alert, token_groups, correct_key, correct_threshold, allow_unknown_version. With neither
+stop_on_alert, token_groups, correct_key, correct_threshold, allow_unknown_version, worker_stats
+(top-1/JS from the workers, default on). With neither
 url nor db, open_sink's default applies ($FORKSIGHT_URL, else an embedded collector).
 """
 from __future__ import annotations
@@ -34,7 +36,7 @@ LAST_RUN: dict[str, float] = {}
 TRL_NAMES = {"actor/pg_loss": "loss", "actor/grad_norm": "grad_norm", "actor/kl_loss": "kl"}
 
 _DEFAULTS = {"url": None, "db": None, "run": None, "project": None, "stop_on_alert": False, "token_groups": 1,
-             "correct_key": "acc", "correct_threshold": 1.0, "allow_unknown_version": False}
+             "correct_key": "acc", "correct_threshold": 1.0, "allow_unknown_version": False, "worker_stats": True}
 
 
 def _truthy(value: Any) -> bool:
@@ -58,6 +60,7 @@ def settings_from(config: Mapping | None) -> dict[str, Any]:
     out.update({k: v for k, v in section.items() if v is not None})
     out["stop_on_alert"] = _truthy(out["stop_on_alert"])
     out["allow_unknown_version"] = _truthy(out["allow_unknown_version"])
+    out["worker_stats"] = _truthy(out["worker_stats"])
     out["token_groups"] = int(out["token_groups"])
     out["correct_threshold"] = float(out["correct_threshold"])
     return out
@@ -138,13 +141,20 @@ class ForksightLogger:
         finally:
             self.overhead_s += time.perf_counter() - t0
 
-    def note_old_log_prob(self, step: int, old_log_prob) -> None:
-        """Keep references to the step's entropy, log p and Σp² (verl pops the entropy next)."""
+    def note_old_log_prob(self, step: int, old_log_prob, seen: dict | None = None) -> None:
+        """Keep references to the step's entropy, log p and Σp² (verl pops the entropy next),
+        and the workers' top-1/JS when they sent them (`seen`: the worker call's input, output)."""
         if not self.per_token:
             return
         tensors = old_log_prob.batch
         self._tokens = {"step": step, "entropy": tensors.get("entropys"), "logp": tensors.get("old_log_probs"),
                         "sum_pi_squared": tensors.get("sum_pi_squared")}
+        output = (seen or {}).get("output")
+        if output is not None and "forksight_top1" in output.keys():
+            from forksight.hooks.verl_worker import padded
+
+            for name in ("top1", "js"):
+                self._tokens[name] = padded(output[f"forksight_{name}"], seen["batch_td"])
 
     def note_batch(self, step: int, batch) -> None:
         """Keep the finished batch of this step (reported when verl logs the step's metrics)."""
@@ -244,10 +254,12 @@ class ForksightLogger:
         renyi2 = (-torch.log(sum_sq.float().clamp_min(1e-30)) if sum_sq is not None else not_computed)
         logp = tensors.get("old_log_probs", tokens.get("logp"))
         zero = torch.zeros(())
+        top1, js = tokens.get("top1"), tokens.get("js")
         stats = TokenStats(entropy=torch.where(mask, entropy.float(), zero),
                            renyi2=torch.where(mask, renyi2, zero) if sum_sq is not None else not_computed,
-                           top1=not_computed, logp=torch.where(mask, logp.float(), zero) if logp is not None else None,
-                           js=None, mask=mask)
+                           top1=torch.where(mask, top1, zero) if top1 is not None else not_computed,
+                           logp=torch.where(mask, logp.float(), zero) if logp is not None else None,
+                           js=torch.where(mask, js, zero) if js is not None else None, mask=mask)
         return self._reporter.report(step, stats, responses, group_ids=group_ids, advantages=advantages,
                                      samples=samples)
 

@@ -126,7 +126,8 @@ def install() -> None:
     if _INSTALLED:
         return
     _INSTALLED = True
-    callbacks = {"verl.utils.tracking": patch_tracking, "verl.trainer.ppo.ray_trainer": patch_legacy_trainer}
+    callbacks = {"verl.utils.tracking": patch_tracking, "verl.trainer.ppo.ray_trainer": patch_legacy_trainer,
+                 "verl.workers.engine.fsdp.transformer_impl": _patch_fsdp_engine}
     version = verl_version()
     if version is not None and not supported(version):
         log.warning("forksight: verl %s is not a version forksight knows (%s); the `forksight` logger "
@@ -167,6 +168,12 @@ def patch_tracking(module) -> None:
     tracking.finish = finish_all
 
 
+def _patch_fsdp_engine(module) -> None:
+    from forksight.hooks.verl_worker import patch_fsdp_engine
+
+    patch_fsdp_engine(module)
+
+
 # ---------------------------------------------------------------------------- legacy trainer
 def patch_legacy_trainer(module) -> None:
     """Wrap RayPPOTrainer (trainer.use_v1=False): the step's entropy / log p / Σp² as they leave
@@ -178,10 +185,32 @@ def patch_legacy_trainer(module) -> None:
     data_metrics = module.compute_data_metrics
 
     def _compute_old_log_prob(self, batch, *args, **kwargs):
-        out = old_log_prob(self, batch, *args, **kwargs)
         logger = STATE.logger
-        if logger is not None:
-            logger.guard(logger.note_old_log_prob, self.global_steps, out[0] if isinstance(out, tuple) else out)
+        if logger is None:
+            return old_log_prob(self, batch, *args, **kwargs)
+        seen: dict = {}
+        workers = self.actor_rollout_wg
+        had, call = "compute_log_prob" in vars(workers), workers.compute_log_prob
+
+        def compute_log_prob(batch_td, *a, **k):
+            # ask the workers for top-1/JS (hooks/verl_worker.py) and keep their full answer
+            if logger.settings["worker_stats"]:
+                from verl.utils import tensordict_utils as tu
+
+                tu.assign_non_tensor(batch_td, forksight_stats=True,
+                                     forksight_group_size=int(self.config.actor_rollout_ref.rollout.n))
+            seen["batch_td"], seen["output"] = batch_td, call(batch_td, *a, **k)
+            return seen["output"]
+
+        workers.compute_log_prob = compute_log_prob
+        try:
+            out = old_log_prob(self, batch, *args, **kwargs)
+        finally:
+            if had:
+                workers.compute_log_prob = call
+            else:
+                del workers.compute_log_prob
+        logger.guard(logger.note_old_log_prob, self.global_steps, out[0] if isinstance(out, tuple) else out, seen)
         return out
 
     def compute_data_metrics(batch, *args, **kwargs):

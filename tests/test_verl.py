@@ -89,29 +89,36 @@ def test_tracking_backend_stores_every_metric_verl_logged(grpo_run):
         assert stored[(line["step"], "grad_norm")] == pytest.approx(line["data"]["actor/grad_norm"])
 
 
+def group_ids_of(uids: list[str]) -> list[int]:
+    first_seen = {uid: k for k, uid in enumerate(dict.fromkeys(uids))}
+    return [first_seen[u] for u in uids]
+
+
 @needs_verl
-def test_entropy_and_renyi2_match_token_stats_on_the_same_logits(grpo_run):
-    out, _ = grpo_run
+def test_token_statistics_match_token_stats_on_the_same_logits(grpo_run):
+    # entropy, log p, Σp² from verl's FSDP engine (driver); top-1 and JS from forksight's worker
+    # hook; all against token_stats on logits of the same weights, groups from the uids
+    out, summary = grpo_run
     db = out / "forksight.duckdb"
     for step in (1, 2, 3):
         saved = torch.load(out / f"logits_{step}.pt", weights_only=False)
-        stats = token_stats(saved["logits"], mask=saved["mask"], tokens=saved["responses"])
+        groups = group_ids_of(summary["verdicts"][str(step)]["uid"])
+        stats = token_stats(saved["logits"], mask=saved["mask"], tokens=saved["responses"], group_ids=groups)
         scalars = dict(query(db, "SELECT key, value FROM scalars WHERE step = ?", step))
         valid = stats.mask
-        assert scalars["entropy/mean"] == pytest.approx(float(stats.entropy[valid].double().mean()), abs=1e-5)
-        assert scalars["renyi2/mean"] == pytest.approx(float(stats.renyi2[valid].double().mean()), abs=1e-5)
-        assert scalars["logp/mean"] == pytest.approx(float(stats.logp[valid].double().mean()), abs=1e-5)
+        for key, field in (("entropy", stats.entropy), ("renyi2", stats.renyi2), ("logp", stats.logp),
+                           ("top1", stats.top1), ("js", stats.js)):
+            assert scalars[f"{key}/mean"] == pytest.approx(float(field[valid].double().mean()), abs=1e-5), key
         assert scalars["actor/entropy"] == pytest.approx(scalars["entropy/mean"], abs=1e-5)  # token-mean
         rows = query(db, "SELECT sample_id, pos, token_id, entropy, renyi2, logp, top1, js FROM tokens "
                          "WHERE step = ? ORDER BY sample_id, pos", step)
         assert len(rows) == int(valid[:8].sum())                # token_groups=2: both groups of 4, every token
-        for sample_id, pos, token_id, entropy, renyi2, logp, top1, js in rows:
+        for sample_id, pos, token_id, *values in rows:
             assert token_id == int(saved["responses"][sample_id, pos])
-            assert entropy == pytest.approx(float(stats.entropy[sample_id, pos]), abs=1e-4)
-            assert renyi2 == pytest.approx(float(stats.renyi2[sample_id, pos]), abs=1e-4)
-            assert logp == pytest.approx(float(stats.logp[sample_id, pos]), abs=1e-4)
+            for value, field in zip(values, (stats.entropy, stats.renyi2, stats.logp, stats.top1, stats.js)):
+                assert value == pytest.approx(float(field[sample_id, pos]), abs=1e-4)
+            entropy, renyi2 = values[:2]
             assert renyi2 <= entropy + 1e-5
-            assert top1 is None and js is None                   # need full distributions: workers only
 
 
 @needs_verl
@@ -162,14 +169,19 @@ def test_stop_on_alert_ends_the_verl_run_cleanly_streaming_to_a_collector(tmp_pa
     from collector_util import ServeProcess
 
     # step 2's loss is NaN: a critical alert; the collector judges a step once the next one arrives
+    # micro-batches of 2 rows split every group of 4: top-1 for every token, JS for none; and the
+    # engine's padded path (use_remove_padding=False; the other tests use verl's default, packed)
     db = tmp_path / "collector.duckdb"
     with ServeProcess(db) as collector:
-        summary = run_verl(tmp_path, "8", "--nan-at", "2", "--stop-on-alert", "--url", collector.url)
+        summary = run_verl(tmp_path, "8", "--nan-at", "2", "--stop-on-alert", "--url", collector.url,
+                           "--log-prob-micro-batch", "2", "--padded")
     assert summary["steps_run"] == 3                           # step 4 never generated
     assert query(db, "SELECT status FROM runs") == [("stopped",)]
     assert query(db, "SELECT step, detector, severity FROM alerts") == [(2, "non_finite", "critical")]
     assert query(db, "SELECT max(step), count(DISTINCT step) FROM scalars") == [(3, 3)]
-    assert query(db, "SELECT count(DISTINCT step) FROM tokens") == [(3,)]
+    tokens, with_top1, with_js = query(db, "SELECT count(*), count(top1), count(js) FROM tokens")[0]
+    assert tokens > 0 and with_top1 == tokens and with_js == 0
+    assert query(db, "SELECT count(*) FROM scalars WHERE key = 'js/mean'") == [(0,)]
 
 
 @needs_verl

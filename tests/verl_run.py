@@ -9,8 +9,7 @@ ppo_loss, the optimizer), one rank in this process on a test-only CPU platform (
 What cannot run on CPU is replaced: HF `generate` on the actor's module in place of vLLM/SGLang
 (rollout + rule reward), and direct calls in place of Ray's worker-group dispatch.
 
-Usage: python tests/verl_run.py OUT_DIR STEPS [--nan-at STEP] [--stop-on-alert] [--without-forksight]
-                                [--url COLLECTOR] [--bypass]
+Usage: python tests/verl_run.py OUT_DIR STEPS [options: --help]
 Writes OUT_DIR/forksight.duckdb (or streams to --url), metrics.jsonl (verl's file logger), logits_<step>.pt, summary.json.
 """
 from __future__ import annotations
@@ -54,31 +53,33 @@ def make_data(out: Path, n_prompts: int) -> Path:
     return path
 
 
-def make_config(model: Path, data: Path, out: Path, steps: int, n: int, stop_on_alert: bool,
-                with_forksight: bool = True, url: str | None = None, bypass: bool = False):
+def make_config(model: Path, data: Path, out: Path, n: int, args):
     from hydra import compose, initialize_config_dir
 
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    sink = f"+trainer.forksight.url={args.url}" if args.url else f"+trainer.forksight.db={out / 'forksight.duckdb'}"
     overrides = [
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
         f"data.train_files={data}", f"data.val_files={data}", "data.train_batch_size=4",
         "data.max_prompt_length=16", "data.max_response_length=8", "data.dataloader_num_workers=0",
         f"actor_rollout_ref.model.path={model}", f"actor_rollout_ref.rollout.n={n}",
-        "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.rollout.temperature=1.0",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.log_prob_micro_batch}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
         "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.calculate_sum_pi_squared=True",
         "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.strategy=fsdp2",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16", "actor_rollout_ref.model.use_remove_padding=False",
+        f"actor_rollout_ref.model.use_remove_padding={not args.padded}",
+        # CPU: full precision, attention without flash-attn
         "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
         "+actor_rollout_ref.model.override_config.attn_implementation=eager",
-        "trainer.logger=[file,forksight]" if with_forksight else "trainer.logger=[file]", f"trainer.total_training_steps={steps}", "trainer.total_epochs=100",
+        "trainer.logger=[file]" if args.without_forksight else "trainer.logger=[file,forksight]",
+        f"trainer.total_training_steps={args.steps}", "trainer.total_epochs=100",
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
         "trainer.balance_batch=False", "trainer.use_v1=False", "trainer.device=cpu", "trainer.resume_mode=disable",
         "trainer.project_name=forksight-test", "trainer.experiment_name=verl-grpo",
-        f"+trainer.forksight.url={url}" if url else f"+trainer.forksight.db={out / 'forksight.duckdb'}",
-        f"+trainer.forksight.stop_on_alert={stop_on_alert}",
-        "+trainer.forksight.token_groups=2",
+        sink, f"+trainer.forksight.stop_on_alert={args.stop_on_alert}", "+trainer.forksight.token_groups=2",
     ]
-    if bypass:      # old log p = the rollout's: verl skips _compute_old_log_prob (no entropy on the driver)
+    if args.bypass:      # old log p = the rollout's: verl skips _compute_old_log_prob (no entropy on the driver)
         overrides += ["algorithm.rollout_correction.bypass_mode=True"]
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         return compose(config_name="ppo_trainer", overrides=overrides)
@@ -187,15 +188,19 @@ class NoWeightSync:
 
 
 # ---------------------------------------------------------------------------- main
-def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool, with_forksight: bool = True,
-         url: str | None = None, bypass: bool = False) -> dict:
+def main(args) -> dict:
     from transformers import AutoTokenizer
     from verl.single_controller.ray import ResourcePoolManager
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.utils import Role
     from verl.utils.dataset.rl_dataset import RLHFDataset
+    from verl_cpu import actor_worker
 
+    import forksight.hooks.verl as forksight_verl
+    from forksight.hooks.verl_install import STATE
     from forksight.trainer.model import build_tiny
+
+    out = Path(args.out)
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -205,42 +210,44 @@ def main(out: Path, steps: int, nan_at: int | None, stop_on_alert: bool, with_fo
     tokenizer.save_pretrained(model_dir)
     data = make_data(out, n_prompts=16)
     n = 4
-    config = make_config(model_dir, data, out, steps, n, stop_on_alert, with_forksight, url, bypass)
+    config = make_config(model_dir, data, out, n, args)
     dataset = RLHFDataset(data_files=[str(data)], tokenizer=tokenizer, config=config.data)
     os.environ["VERL_FILE_LOGGER_PATH"] = str(out / "metrics.jsonl")
     pools = ResourcePoolManager(resource_pool_spec={"global_pool": [1]}, mapping={Role.ActorRollout: "global_pool"})
     trainer = RayPPOTrainer(config=config, tokenizer=tokenizer, role_worker_mapping={Role.ActorRollout: object},
                             resource_pool_manager=pools, train_dataset=dataset, val_dataset=dataset,
                             device_name="cpu")
-    from verl_cpu import actor_worker
-
-    workers = InProcessWorkerGroup(actor_worker(config.actor_rollout_ref), out, nan_at,
+    workers = InProcessWorkerGroup(actor_worker(config.actor_rollout_ref), out, args.nan_at,
                                    config.actor_rollout_ref.rollout.temperature)
     trainer.actor_rollout_wg = workers
     # generate with the actor's own (FSDP) module: always on-policy, nothing to sync
     trainer.async_rollout_manager = HFRollout(workers.module, tokenizer, config.data.max_prompt_length,
-                                              config.data.max_response_length, rollout_log_probs=bypass)
+                                              config.data.max_response_length, rollout_log_probs=args.bypass)
     trainer.checkpoint_manager = NoWeightSync()
     t0 = time.perf_counter()
     trainer.fit()
     wall = time.perf_counter() - t0
-    from forksight.hooks.verl_install import STATE
-
     summary = {"steps_run": trainer.actor_rollout_wg.log_prob_calls, "wall_s": wall,
                "verdicts": trainer.async_rollout_manager.verdicts, "n": n, "logger_live": STATE.logger is not None,
                "forksight_loaded": PLUGIN_LOADED,
                "entry_points": [ep.value for ep in importlib.metadata.entry_points(group="verl.plugins")]}
-    import forksight.hooks.verl as fv
-
-    summary.update(fv.LAST_RUN)
+    summary.update(forksight_verl.LAST_RUN)
     (out / "summary.json").write_text(json.dumps(summary))
     return summary
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    nan_at = int(args[args.index("--nan-at") + 1]) if "--nan-at" in args else None
-    url = args[args.index("--url") + 1] if "--url" in args else None
-    result = main(Path(args[0]), int(args[1]), nan_at, "--stop-on-alert" in args, "--without-forksight" not in args,
-                  url, "--bypass" in args)
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", help="output folder")
+    parser.add_argument("steps", type=int)
+    parser.add_argument("--nan-at", type=int, help="report the policy loss of this update as NaN")
+    parser.add_argument("--stop-on-alert", action="store_true")
+    parser.add_argument("--without-forksight", action="store_true", help="trainer.logger=[file] (timing)")
+    parser.add_argument("--url", help="stream to this collector instead of OUT/forksight.duckdb")
+    parser.add_argument("--bypass", action="store_true", help="rollout_correction.bypass_mode=True")
+    parser.add_argument("--log-prob-micro-batch", type=int, default=16, help="rows per old-log-prob micro-batch")
+    parser.add_argument("--padded", action="store_true", help="use_remove_padding=False")
+    result = main(parser.parse_args())
     print(json.dumps({k: v for k, v in result.items() if k != "verdicts"}))
