@@ -217,6 +217,38 @@ tracking.finish(exit_code=0)
         (2, "actor/entropy", 0.25), (2, "critic/score/mean", 0.5)]
 
 
+def test_worker_top1_and_js_in_blocks_equal_token_stats_on_whole_groups(monkeypatch):
+    # the worker walks response positions in blocks; ragged rows, prompts of different lengths,
+    # a complete group (JS) and an incomplete one (top-1 only, JS NaN)
+    from forksight.hooks import verl_worker
+
+    torch.manual_seed(0)
+    vocab, prompt_lens, response_lens = 11, [3, 3, 3, 5, 2], [7, 4, 6, 5, 3]
+    rows = [torch.randn(p + r, vocab) * 3 for p, r in zip(prompt_lens, response_lens)]
+    monkeypatch.setattr(verl_worker, "_BLOCK_FLOATS", 3 * vocab * 2)     # two positions per block
+    top1, js = verl_worker.response_stats(rows, prompt_lens, response_lens, 0.7, ["a", "a", "a", "b", "b"], 3)
+
+    def responses(ids):
+        out = torch.zeros(len(ids), max(response_lens[i] for i in ids), vocab)
+        mask = torch.zeros(out.shape[:2], dtype=torch.bool)
+        for j, i in enumerate(ids):
+            out[j, : response_lens[i]] = rows[i][prompt_lens[i] - 1: prompt_lens[i] - 1 + response_lens[i]]
+            mask[j, : response_lens[i]] = True
+        return out, mask
+
+    logits, mask = responses([0, 1, 2])
+    whole = token_stats(logits, mask=mask, temperature=0.7, group_ids=[0, 0, 0])
+    for j in range(3):
+        r = response_lens[j]
+        assert torch.allclose(top1[j], whole.top1[j, :r], atol=1e-6)
+        assert torch.allclose(js[j], whole.js[j, :r], atol=1e-6)
+    for i in (3, 4):
+        logits, mask = responses([i])
+        alone = token_stats(logits, mask=mask, temperature=0.7)
+        assert torch.allclose(top1[i], alone.top1[0], atol=1e-6)
+        assert torch.isnan(js[i]).all()
+
+
 def test_unknown_verl_version_is_a_clear_error():
     assert supported("0.9.1") and not supported("0.8.3") and not supported("1.0.0")
     assert check_version("0.9.1") == "0.9.1"
