@@ -96,6 +96,7 @@ class Store:
         self.path = str(path)
         self._conn = _connect(self.path, verify)
         self.reader = Reader(self._conn, stale_after=stale_after)
+        self.missing_rows = self._check_ledger()    # rows per table acknowledged before but not in the file
         self._queue: queue.Queue = queue.Queue()
         self._beat: dict[str, float] = {}
         self._on_close: list[Callable[[], None]] = []
@@ -103,6 +104,43 @@ class Store:
         self._wcur = self._conn.cursor()
         self._thread = threading.Thread(target=self._run, name="forksight-store-writer", daemon=True)
         self._thread.start()
+
+    # -- the row ledger: DuckDB replays a truncated WAL silently; counting acknowledged rows in a
+    # side file (<db>.rows) makes such a loss visible at the next open
+    def _check_ledger(self) -> dict[str, int]:
+        import os
+
+        counts = {t: _one(self._conn, f"SELECT count(*) FROM {t}", [])[0] for t in DATA_TABLES}
+        self._ledger, self._rows = self.path + ".rows", dict(counts)
+        missing: dict[str, int] = {}
+        try:
+            recorded = json.loads(open(self._ledger).read())
+            if recorded.get("inode") == os.stat(self.path).st_ino:     # the ledger of this very file
+                missing = {t: n - counts[t] for t, n in recorded["rows"].items() if counts.get(t, n) < n}
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
+            pass
+        if missing:
+            log.error("%s: %s row(s) acknowledged earlier are not in the file (its .wal was damaged or truncated "
+                      "before it reached the file); serving the %s rows it holds", self.path, missing, counts)
+        self._write_ledger()
+        return missing
+
+    def _count_rows(self, jobs: list[_WriteJob]) -> None:
+        for job in jobs:
+            for name, n in job.records.num_rows().items():
+                self._rows[name] += n
+        self._write_ledger()
+
+    def _write_ledger(self) -> None:
+        import os
+
+        try:
+            tmp = self._ledger + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(json.dumps({"inode": os.stat(self.path).st_ino, "rows": self._rows}))
+            os.replace(tmp, self._ledger)
+        except OSError:
+            pass                  # a read-only directory: the store works, without this check
 
     # -- public write API (each returns at once; the writer thread does the work)
     def write(self, run_id: str, records: Records, batch_id: str | None = None, *,
@@ -285,6 +323,7 @@ class Store:
                     "received_at": pa.array([time.time()] * len(ids), pa.float64()),
                     "digest": pa.array([j.records.digest for j in ids], pa.string())}))
             cur.commit()
+            self._count_rows(fresh)
         except Exception as exc:  # noqa: BLE001 - a failing batch must fail alone
             try:
                 cur.rollback()

@@ -226,3 +226,31 @@ def test_damaged_unreadable_and_held_files_each_get_their_own_message(tmp_path):
     assert "another process" not in str(err.value)
     with Store(good) as store:                        # the intact file still opens, whole
         assert store.reader.row_counts("keep")["tokens"] == 400_000
+
+
+_CRASH = """
+import os, sys, numpy as np
+from forksight.monitor.store import Records, Store, tokens_table
+store = Store(sys.argv[1])
+run = store.create_run("wal")
+for step in range(4):
+    n = 50_000
+    store.write(run, Records(tokens=tokens_table({"sample_id": np.arange(n), "pos": np.zeros(n, np.int32)},
+                                                 step=step))).result()
+os._exit(0)      # acknowledged, not checkpointed: the rows live in the .wal
+"""
+
+
+def test_rows_lost_with_a_truncated_wal_are_reported_not_served_silently(tmp_path, caplog):
+    db = tmp_path / "w.duckdb"
+    subprocess.run([sys.executable, "-c", _CRASH, str(db)], check=True)
+    wal = tmp_path / "w.duckdb.wal"
+    with open(wal, "r+b") as f:
+        f.truncate(wal.stat().st_size // 2)
+    with Store(db) as store:
+        kept = store.reader.row_counts("wal")["tokens"]
+        assert kept < 200_000                          # DuckDB replays what is left, silently
+        assert store.missing_rows == {"tokens": 200_000 - kept}
+    assert "acknowledged earlier are not in the file" in caplog.text
+    with Store(db) as store:                           # said once; the file is consistent again
+        assert store.missing_rows == {}
