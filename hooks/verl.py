@@ -77,11 +77,12 @@ def _select(config: Mapping | None, dotted: str) -> Any:
 
 def _run_config(config: Mapping | None, version: str) -> dict[str, Any]:
     """The few settings that explain a verl run on the dashboard's run page."""
-    keys = {"rollout_n": "actor_rollout_ref.rollout.n", "temperature": "actor_rollout_ref.rollout.temperature",
-            "adv_estimator": "algorithm.adv_estimator", "loss_agg_mode": "actor_rollout_ref.actor.loss_agg_mode",
-            "learning_rate": "actor_rollout_ref.actor.optim.lr", "entropy_coeff": "actor_rollout_ref.actor.entropy_coeff",
+    actor, rollout = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout."
+    keys = {"rollout_n": rollout + "n", "temperature": rollout + "temperature",
+            "adv_estimator": "algorithm.adv_estimator", "loss_agg_mode": actor + "loss_agg_mode",
+            "learning_rate": actor + "optim.lr", "entropy_coeff": actor + "entropy_coeff",
             "train_batch_size": "data.train_batch_size", "max_response_length": "data.max_response_length",
-            "use_kl_loss": "actor_rollout_ref.actor.use_kl_loss", "clip_ratio_high": "actor_rollout_ref.actor.clip_ratio_high"}
+            "use_kl_loss": actor + "use_kl_loss", "clip_ratio_high": actor + "clip_ratio_high"}
     out: dict[str, Any] = {"verl": version}
     out.update({name: _select(config, path) for name, path in keys.items()})
     path = _select(config, "actor_rollout_ref.model.path")

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 

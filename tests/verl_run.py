@@ -10,7 +10,8 @@ What cannot run on CPU is replaced: HF `generate` on the actor's module in place
 (rollout + rule reward), and direct calls in place of Ray's worker-group dispatch.
 
 Usage: python tests/verl_run.py OUT_DIR STEPS [options: --help]
-Writes OUT_DIR/forksight.duckdb (or streams to --url), metrics.jsonl (verl's file logger), logits_<step>.pt, summary.json.
+Writes OUT_DIR/forksight.duckdb (or streams to --url), metrics.jsonl (verl's file logger),
+logits_<step>.pt and summary.json.
 """
 from __future__ import annotations
 
