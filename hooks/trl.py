@@ -20,6 +20,7 @@ from transformers import TrainerCallback
 from forksight.hooks.attach import AttachHandle
 from forksight.hooks.passk import pass_at_k_groups
 from forksight.hooks.summary import group_scalars
+from forksight.hooks.trl_rows import GenerationRows
 from forksight.hooks.sample_log import as_text
 
 log = logging.getLogger("forksight.trl")
@@ -54,47 +55,6 @@ def _eval_key(key: str, prefix: str | None) -> str:
     return key
 
 
-class _RowHasher:
-    """Finds which generation-batch sample each training row is: TRL shuffles the batch before
-    splitting it into micro-batches, so rows are matched by a hash of their token ids."""
-
-    def __init__(self):
-        gen = torch.Generator().manual_seed(20260)  # own generator: never touch the global RNG
-        self.weights = torch.randint(1, 2**61, (4096,), generator=gen, dtype=torch.int64)
-        self.table: dict[int, list[int]] = {}
-        self.used: dict[int, int] = {}  # rows of each hash handed out this step
-        self.size = 0
-
-    def _hash(self, ids: torch.Tensor) -> list[int]:
-        if ids.shape[1] > self.weights.numel():
-            extra = torch.randint(1, 2**61, (ids.shape[1],), generator=torch.Generator().manual_seed(ids.shape[1]))
-            self.weights = torch.cat([self.weights, extra])
-        w = self.weights[: ids.shape[1]].to(ids.device)
-        return (ids.long() * w).sum(-1).tolist()  # int64 wrap-around is fine for a hash
-
-    def index(self, prompt_ids: torch.Tensor, completion_ids: torch.Tensor, offset: int, size: int) -> None:
-        self.table, self.size, self.used = {}, size, {}
-        for i, h in enumerate(self._hash(torch.cat([prompt_ids, completion_ids], dim=1))):
-            self.table.setdefault(h, []).append(offset + i)
-
-    def lookup(self, input_ids: torch.Tensor) -> list[int] | None:
-        if not self.table:
-            return None
-        hashes = self._hash(input_ids)
-        if any(h not in self.table for h in hashes):
-            return None  # not a row of the current generation batch
-        out = []
-        for h in hashes:  # identical rows (a collapsed group) may sit in different micro-batches
-            candidates, k = self.table[h], self.used.get(h, 0)
-            out.append(candidates[k % len(candidates)])
-            self.used[h] = k + 1
-        return out
-
-    def next_step(self) -> None:
-        """Each optimizer step goes over the generation batch (again, with num_iterations > 1)."""
-        self.used = {}
-
-
 class ForksightCallback(TrainerCallback):
     """Streams a GRPOTrainer run to forksight; add it with `forksight.trl.attach(trainer, ...)`."""
 
@@ -111,10 +71,9 @@ class ForksightCallback(TrainerCallback):
         self.sink = None
         self.handle: AttachHandle | None = None
         self.mode: str | None = None
-        self._hasher = _RowHasher()
+        self._rows = GenerationRows()
         self._samples: list[dict] | None = None
         self._group_scalars: dict[str, float] | None = None
-        self._env_rows: dict[int, torch.Tensor] = {}  # generation-batch index -> tool-output tokens [C]
         self._advantages: list[float] | None = None
         self._eval_groups: list[list[bool]] = []
         self._forward_before: Any = None
@@ -178,8 +137,8 @@ class ForksightCallback(TrainerCallback):
                                    group_size=trainer.num_generations, sample=self.sample, every=self.every,
                                    js_groups=self.js_groups, js_budget=self.js_budget,
                                    temperature=trainer.temperature, chunk_size=self.chunk_size, auto_step=False)
-        self.handle.row_index_fn = self._hasher.lookup
-        self.handle.env_mask_fn = self._env_mask
+        self.handle.row_index_fn = self._rows.lookup
+        self.handle.env_mask_fn = self._rows.env_mask
         self.handle.per_forward_means = True  # TRL logs the mean of its per-micro-batch means
         if trainer.top_entropy_quantile < 1.0:
             original_mask = trainer.get_high_entropy_mask
@@ -253,9 +212,7 @@ class ForksightCallback(TrainerCallback):
             self._eval_groups += [correct[i:i + G] for i in range(0, n, G)]
             return
         offset = accel.process_index * local
-        self._hasher.index(out["prompt_ids"], out["completion_ids"], offset, size)
-        tool_mask = out.get("tool_mask")  # 0 where a tool or environment wrote the token
-        self._env_rows = {} if tool_mask is None else {offset + i: ~row for i, row in enumerate(tool_mask.bool())}
+        self._rows.index(out["prompt_ids"], out["completion_ids"], offset, size, out.get("tool_mask"))
         self.handle.num_rows = size
         self._advantages = [float(a) for a in list(logs["advantages"])[-n:]]
         # _logs is gathered over ranks: each rank stores its own rows (with their lengths), rank 0
@@ -277,18 +234,6 @@ class ForksightCallback(TrainerCallback):
         if width > selected.shape[1]:
             return
         record.selected = selected[:, selected.shape[1] - width:].to(record.mask.device).bool() & record.mask
-
-    def _env_mask(self, index: list[int], width: int) -> torch.Tensor | None:
-        """Tool-output tokens of these rows, right-aligned with the forward's completion columns."""
-        if not self._env_rows:
-            return None
-        out = torch.zeros(len(index), width, dtype=torch.bool)
-        for r, i in enumerate(index):
-            row = self._env_rows.get(i)
-            if row is not None:
-                n = min(width, row.numel())
-                out[r, width - n:] = row[row.numel() - n:].cpu()
-        return out
 
     # ------------------------------------------------------------------ trainer events
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -314,7 +259,7 @@ class ForksightCallback(TrainerCallback):
                 self.sink.log_scalars(step, self._group_scalars)
                 self._group_scalars = None
             self.handle.flush(step, advantages=self._advantages)
-            self._hasher.next_step()
+            self._rows.next_step()
         if self.sink is not None and self.sink.should_stop and not self._stopped:
             self._stopped = True
             control.should_training_stop = True

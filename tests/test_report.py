@@ -99,3 +99,34 @@ def test_report_stores_what_the_step_computed(tmp_path, tiny):
         assert stored_samples.group_id.tolist() == group_ids
         assert stored_samples.length.tolist() == valid.sum(1).tolist()
         assert math.isclose(float(stored_samples.reward.sum()), 3.0)
+
+
+def test_environment_tokens_are_stored_in_place_with_null_statistics_and_never_counted(tmp_path):
+    torch.manual_seed(1)
+    B, T, V = 3, 6, 16
+    logits = torch.randn(B, T, V) * 2
+    model_tokens = torch.ones(B, T, dtype=torch.bool)
+    model_tokens[0] = False  # row 0: another rank's row (no tokens here), its group listed first
+    env = torch.zeros(B, T, dtype=torch.bool)
+    env[1, 2:4] = True   # a tool's output inside a completion
+    mask = model_tokens & ~env
+    token_ids = torch.arange(B * T).view(B, T) % V
+    stats = metrics.token_stats(logits, mask=mask, tokens=token_ids)
+    sink = open_sink(run="env", db=str(tmp_path / "e.duckdb"))
+    scalars = StepReporter(sink, token_groups=1).report(1, stats, token_ids, group_ids=[0, 1, 1], env_mask=env,
+                                                        selected=torch.ones(B, T, dtype=torch.bool))
+    sink.finish()
+    h = stats.entropy.numpy()[mask.numpy()].astype(np.float64)
+    assert scalars["tokens/count"] == 10 and scalars["entropy/mean"] == pytest.approx(h.mean(), abs=1e-9)
+    assert scalars["length/mean"] == pytest.approx((4 + 6) / 2) and scalars["selected/frac"] == 1.0
+    with Store(str(tmp_path / "e.duckdb")) as store:
+        run_id = store.reader.list_runs().run_id.iloc[0]
+        tokens = store.reader.read_tokens(run_id, 1).sort_values(["sample_id", "pos"])
+        assert int(store.reader.read_histograms(run_id)["count"].sum()) == 10
+    assert sorted(tokens.sample_id.unique()) == [1, 2]  # the group this rank has tokens for
+    row = tokens[tokens.sample_id == 1]
+    assert row.pos.tolist() == list(range(6)) and row.token_id.tolist() == token_ids[1].tolist()
+    assert row.entropy.isna().tolist() == [False, False, True, True, False, False]
+    assert row[["logp", "renyi2", "top1"]].iloc[2:4].isna().all().all()
+    assert row.selected.tolist() == [True, True, False, False, True, True]
+    assert not row.fork.iloc[2:4].any()
