@@ -71,6 +71,15 @@ class CoinTask:
         return float(win), win
 
 
+def _by_step(frame) -> tuple[list[int], list[dict]]:
+    """A long scalars frame as steps and one {key: value} per step (5 significant digits)."""
+    steps, rows = [], []
+    for step, group in frame.groupby("step", sort=True):
+        steps.append(int(step))
+        rows.append({k: float(f"{v:.5g}") for k, v in zip(group["key"], group["value"])})
+    return steps, rows
+
+
 def _train_one(preset: str, overrides: dict, tmp: Path) -> tuple[list[int], list[dict], int]:
     import torch
 
@@ -96,10 +105,7 @@ def _train_one(preset: str, overrides: dict, tmp: Path) -> tuple[list[int], list
         loop.make_task, warmup.ensure_warm = original, original_warm
     with Store(values["db"]) as store:
         frame = store.reader.read_scalars(result.run_id, keys=list(KEYS), downsample=2**62)
-    steps, rows = [], []
-    for step, group in frame.groupby("step", sort=True):
-        steps.append(int(step))
-        rows.append({k: float(f"{v:.5g}") for k, v in zip(group["key"], group["value"])})
+    steps, rows = _by_step(frame)
     from forksight.trainer.model import build_tiny
     from transformers import AutoConfig
 
@@ -141,11 +147,7 @@ def _train_trl(preset: str, overrides: dict, tmp: Path) -> tuple[list[int], list
     with Store(str(tmp / "run.duckdb")) as store:
         run_id = store.reader.list_runs().run_id.iloc[0]
         frame = store.reader.read_scalars(run_id, keys=list(KEYS), downsample=2**62)
-    steps, rows = [], []
-    for step, group in frame.groupby("step", sort=True):
-        steps.append(int(step))
-        rows.append({k: float(f"{v:.5g}") for k, v in zip(group["key"], group["value"])})
-    return steps, rows, int(model.config.vocab_size)
+    return *_by_step(frame), int(model.config.vocab_size)
 
 
 def _columns(rows: list[dict]) -> dict[str, list]:
