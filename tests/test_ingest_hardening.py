@@ -202,7 +202,7 @@ def _stored_file(path) -> int:
     return os.path.getsize(path)
 
 
-def test_damaged_unreadable_and_held_files_each_get_their_own_message(tmp_path):
+def test_damaged_unreadable_and_held_files_each_get_their_own_message(tmp_path, capsys):
     good = tmp_path / "good.duckdb"
     size = _stored_file(good)
     garbled = tmp_path / "garbled.duckdb"
@@ -220,6 +220,10 @@ def test_damaged_unreadable_and_held_files_each_get_their_own_message(tmp_path):
         assert "damaged" in str(err.value) and "another process" not in str(err.value), str(err.value)
         with pytest.raises(RuntimeError, match="damaged"):            # `forksight export` says the same
             export_file(str(path), "keep", str(tmp_path / "out"))
+    from forksight.cli import main
+
+    assert main(["serve", "--db", str(garbled), "--port", "9"]) == 1      # refused before it serves
+    assert "damaged" in capsys.readouterr().err
     (tmp_path / "dir.duckdb").mkdir()
     with pytest.raises(RuntimeError, match="check the path") as err:
         Store(tmp_path / "dir.duckdb")
