@@ -1,7 +1,7 @@
 """The training loop: `train(config, sink=None) -> TrainResult`. Reads top to bottom: set up
-(distributed, models, sink), then `step.train_step` per step (rollout → forward → statistics →
-selection → update → report), evaluation and checkpoints. Under torchrun every rank trains on
-its own prompts, the gradients are all-reduced (gloo on CPU), and every rank streams its own records.
+(distributed, models, sink), then `step.train_step` per step, evaluation and checkpoints.
+Under torchrun every rank trains on its own prompts, the gradients are all-reduced (gloo on
+CPU), and every rank streams its own records.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""One RL step in stages of one job each: rollout → forward → statistics → selection → update →
-report. `train_step` reads top to bottom; `Context` holds what every stage needs.
+"""One RL step in stages of one job each: rollout → score → forward → statistics → selection →
+update → report. `train_step` reads top to bottom; `Context` holds what every stage needs.
 """
 from __future__ import annotations
 
@@ -67,8 +67,8 @@ def _needs_stats(strategy: str) -> bool:
 # stages
 
 
-def rollout_batch(ctx: Context, step: int) -> Batch:
-    """Prompts for this rank and step, G samples each, and their verdicts."""
+def rollout(ctx: Context, step: int) -> tuple[Rollout, list]:
+    """Prompts for this rank and step, G samples each."""
     cfg = ctx.config
     rng = random.Random(_step_seed(cfg, ctx.rank, step))
     problems = [ctx.task.sample(rng) for _ in range(cfg.prompts_per_step)]
@@ -76,7 +76,12 @@ def rollout_batch(ctx: Context, step: int) -> Batch:
     roll = generate(ctx.model, ctx.tokenizer, [p.prompt for p in problems], cfg.group_size,
                     temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                     group_offset=ctx.rank * cfg.prompts_per_step)  # group ids unique across ranks
-    verdicts = [ctx.task.verify(problems[i // cfg.group_size], text) for i, text in enumerate(roll.texts)]
+    return roll, problems
+
+
+def score(ctx: Context, roll: Rollout, problems: list) -> Batch:
+    """Each completion's reward and verdict from the task's verifier."""
+    verdicts = [ctx.task.verify(problems[i // ctx.config.group_size], text) for i, text in enumerate(roll.texts)]
     rewards = torch.tensor([r for r, _ in verdicts], dtype=torch.float32, device=roll.completion.device)
     return Batch(roll, problems, rewards, [c for _, c in verdicts])
 
@@ -188,8 +193,8 @@ def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, flo
     the baseline the overhead benchmark compares against."""
     cfg = ctx.config
     t0 = time.perf_counter()
-    batch = rollout_batch(ctx, step)
-    t_rollout = time.perf_counter()
+    batch = score(ctx, *rollout(ctx, step))
+    t_rollout = time.perf_counter()  # generation and verification
     adv = losses.group_advantages(batch.rewards, batch.roll.group_ids, scale=cfg.scale_rewards)
     logits, hidden = forward(ctx, batch.roll, ctx.split_head and cfg.strategy in SPARSE_STRATEGIES)
     t_forward = time.perf_counter()
