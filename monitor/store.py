@@ -114,7 +114,8 @@ class Store:
         self._ledger, self._rows = self.path + ".rows", dict(counts)
         missing: dict[str, int] = {}
         try:
-            recorded = json.loads(open(self._ledger).read())
+            with open(self._ledger) as f:
+                recorded = json.loads(f.read())
             if recorded.get("inode") == os.stat(self.path).st_ino:     # the ledger of this very file
                 missing = {t: n - counts[t] for t, n in recorded["rows"].items() if counts.get(t, n) < n}
         except (OSError, ValueError, KeyError, AttributeError, TypeError):
@@ -323,7 +324,6 @@ class Store:
                     "received_at": pa.array([time.time()] * len(ids), pa.float64()),
                     "digest": pa.array([j.records.digest for j in ids], pa.string())}))
             cur.commit()
-            self._count_rows(fresh)
         except Exception as exc:  # noqa: BLE001 - a failing batch must fail alone
             try:
                 cur.rollback()
@@ -336,6 +336,7 @@ class Store:
                 log.warning("write of batch %s failed: %s", jobs[0].batch_id, exc)
                 jobs[0].future.set_exception(exc)
             return
+        self._count_rows(fresh)
         done = [j for j in jobs if j.conflict is None]
         results = [WriteResult(stored=not j.duplicate, rows={} if j.duplicate else j.records.num_rows()) for j in done]
         hooks: dict = {}
