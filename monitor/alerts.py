@@ -76,6 +76,7 @@ class CollapseConfig(DetectorConfig):
     accel_min_drop: float = Field(0.02, gt=0.0, lt=1.0, description="points enter the accelerating-decay fit log(log(baseline/H)) once H is this fraction below baseline")
     accel_gate_drop: float = Field(0.05, ge=0.0, lt=1.0, description="the accelerating-decay forecast may warn once the lightly smoothed entropy is this fraction below baseline")
     accel_min_points: int = Field(6, ge=3, description="points the accelerating-decay fit needs before it may forecast")
+    accel_residual_ratio: float = Field(0.5, gt=0.0, le=1.0, description="the accelerating fit's unexplained variance must be at most this share of a plain exponential's on the same steps")
     accel_min_r2: float = Field(0.9, ge=0.0, le=1.0, description="the accelerating-decay fit must explain this share of the variance (a noisy dip does not)")
     reward_key: str = Field("reward/mean", description="reward scalar for the R = -a·exp(H) + b ceiling shown in the message")
 

@@ -31,6 +31,7 @@ class CollapseDetector(Detector):
         self.trend_ema = DebiasedEMA(config.forecast_smoothing)
         self.trend = RollingOLS(config.forecast_window)                 # log(lightly smoothed H) vs step
         self.accel = RollingOLS(config.forecast_window)                 # log(log(baseline / H)) vs step
+        self.fall = RollingOLS(config.forecast_window)                  # log(baseline / H), same points
         self.law = RollingOLS(max(config.forecast_window, 20))          # reward vs exp(H): R = -a·e^H + b
         self.tiers = Tiers(config.cooldown, config.persist)
 
@@ -51,9 +52,11 @@ class CollapseDetector(Detector):
         # log(log(base/H)) is linear in step for an accelerating (Gompertz-like) collapse, where a
         # log-linear fit still extrapolates the slow start; its window restarts when H is back at base
         if base > 0 and fast < base * (1.0 - c.accel_min_drop):
-            self.accel.add(step, math.log(math.log(base / max(fast, _TINY))))
+            fall = math.log(base / max(fast, _TINY))
+            self.accel.add(step, math.log(fall))
+            self.fall.add(step, fall)
         elif self.accel.n:
-            self.accel = RollingOLS(c.forecast_window)
+            self.accel, self.fall = RollingOLS(c.forecast_window), RollingOLS(c.forecast_window)
         if seen < c.warmup_steps:
             return []
         floor = max(c.floor, base * (1.0 - c.drop_fraction))
@@ -98,7 +101,11 @@ class CollapseDetector(Detector):
         fit = self.accel.fit() if self.accel.n >= c.accel_min_points else None
         if fit is not None and fast <= base * (1.0 - c.accel_gate_drop) and floor < base:
             slope, fitted_now, r2 = fit
-            if slope > 0 and r2 >= c.accel_min_r2:
+            # only where the fall accelerates: on a plain exponential log(base/H) is the straighter
+            # line, and the concave log-log one would forecast the floor far too early
+            plain = self.fall.fit()
+            better = plain is None or 1.0 - r2 <= c.accel_residual_ratio * (1.0 - plain[2])
+            if slope > 0 and r2 >= c.accel_min_r2 and better:
                 ahead = (math.log(math.log(base / max(floor, _TINY))) - fitted_now) / slope
                 found.append((ahead, f"the accelerating decay log(log(baseline/H)) fitted to the last "
                                      f"{self.accel.n} steps (r² {r2:.2f})"))
