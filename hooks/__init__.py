@@ -1,4 +1,3 @@
-"""forksight.hooks: the producers' room, in data-path order. Per-token math (`metrics`: token_stats,
-passk, token_select, summary); `attach` = capture (hooks) → forward_stats → step_buffer → report,
-with sample_log for rewards; integrations `trl` (+ trl_rows) and `verl`. Public entry points are
-re-exported by `forksight` itself."""
+"""forksight.hooks, the producers' room in data-path order: per-token math (`metrics` = token_stats,
+passk, token_select, summary); `attach` = capture → forward_stats → step_buffer → report (+ sample_log);
+integrations `trl` (+ trl_rows) and `verl`. Public entry points are re-exported by `forksight`."""
