@@ -4,8 +4,9 @@ entry points (or VERL_USE_EXTERNAL_MODULES) on every `import verl`, in every Ray
 Importing verl's trainer there would be slow and circular (verl/__init__ is still running), so
 `install()` only adds a post-import hook: when verl imports `verl.utils.tracking` a `forksight`
 logger backend is registered; when it imports the legacy trainer (`ray_trainer.py`), four of its
-functions are wrapped to hand the step's tensors to that backend. Nothing happens in a run whose
-`trainer.logger` does not name `forksight`.
+functions are wrapped to hand the step's tensors to that backend; when a worker imports the FSDP
+engine, its old-log-prob outputs gain top-1 and JS (hooks/verl_worker.py). Nothing happens in a
+run whose `trainer.logger` does not name `forksight`.
 """
 from __future__ import annotations
 
