@@ -1,17 +1,4 @@
-"""Alert benchmark: lead time, false alarms, rlwatch and rlprobe side by side, cost per step. Prints JSON.
-
-Real runs (bench/alerts_real.py, cached in tests/data/alerts_real_runs.json): the tiny model
-trained to collapse, stay healthy, learn nothing and explode, through all three monitors.
-Peers are pinned and live in their own folder, .venv/bench-peers (never in the project venv):
-    .venv/bin/pip install --target .venv/bench-peers --no-deps rlwatch==0.5.1 rlprobe==0.1.0
-
-Synthetic runs (collapsing: flat, then H0·exp(-(t - onset)/tau) with multiplicative noise;
-healthy: entropy settles 20% lower, reward climbs) are written to a real DuckDB file and read
-back through monitor.store's Reader, so both detectors see the same stored series.
-Ground truth of a collapse: the first step where the debiased EMA (β = 0.9) of entropy is below
-10% of its initial value (mean of the first 10 steps).
-rlwatch: its own EntropyCollapseDetector (rlwatch.detectors, default config: entropy < 1.0 for
-50 consecutive steps -> critical, 25 -> warning) is run on the same series.
+"""Alert benchmark: lead time, false alarms, rlwatch and rlprobe side by side, cost per step (JSON).
 
     python bench/alerts.py [--db RUNS.duckdb --run ID ...] [--quick] [--no-real | --retrain]
 """
@@ -33,6 +20,14 @@ from tqdm import tqdm
 from forksight.monitor.alerts import AlertMonitor
 from forksight.monitor.store import Records, Store, scalars_table
 
+# Synthetic runs (collapsing: flat, then H0·exp(-(t - onset)/tau) with multiplicative noise;
+# healthy: entropy settles 20% lower, reward climbs) go through a real DuckDB file and back
+# through the store's Reader, so every detector sees the same stored series. Their ground truth:
+# the first step where the debiased EMA (β = 0.9) of entropy is below 10% of the first 10 steps'
+# mean. rlwatch's own EntropyCollapseDetector (default: entropy < 1.0 for 50 steps -> critical,
+# 25 -> warning) runs on the same series. Real runs: bench/alerts_real.py (cached in tests/data).
+# The peers are pinned and live in their own folder, never in the project venv:
+#     .venv/bin/pip install --target .venv/bench-peers --no-deps rlwatch==0.5.1 rlprobe==0.1.0
 TARGET_LEAD = 20
 PEERS = {"rlwatch": "0.5.1", "rlprobe": "0.1.0"}
 PEERS_DIR = Path(__file__).resolve().parents[1] / ".venv" / "bench-peers"

@@ -1,9 +1,5 @@
 """Real-run part of bench/alerts.py: the tiny model trained to collapse, stay healthy, learn
 nothing and explode; every series through forksight, rlwatch 0.5.1 and rlprobe 0.1.0.
-
-Series are cached (tests/data/alerts_real_runs.json) so reruns and tests never retrain.
-Ground truth from the logged entropy: collapse = first step below 10% of the first five
-steps' mean; explosion = first step whose 5-step mean is twice the first five steps' mean.
 """
 from __future__ import annotations
 
@@ -18,6 +14,9 @@ import numpy as np
 
 from forksight.monitor.alerts import AlertMonitor
 
+# Series are cached so reruns and tests never retrain. Ground truth from the logged entropy:
+# collapse = first step below 10% of the first five steps' mean; explosion = first step whose
+# 5-step mean is twice the first five steps' mean.
 CACHE = Path(__file__).resolve().parents[1] / "tests" / "data" / "alerts_real_runs.json"
 TARGET_LEAD = 20
 # what the detectors and the peers read; the rest of the ~45 logged scalars stay out of the cache
@@ -113,10 +112,8 @@ def _train_one(preset: str, overrides: dict, tmp: Path) -> tuple[list[int], list
 
 
 def _train_trl(preset: str, overrides: dict, tmp: Path) -> tuple[list[int], list[dict], int]:
-    """TRL's GRPOTrainer on the untrained tiny model (entropy starts near log|V|), forksight attached.
-
-    preset "trl-even": reward 1 when the first completion token id is even (TRL's own tests'
-    kind of reward); "trl-coin": a fair coin."""
+    """TRL's GRPOTrainer on the untrained tiny model (entropy near log|V|), forksight attached;
+    "trl-even" rewards an even first token id (as TRL's own tests do), "trl-coin" is a fair coin."""
     import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer

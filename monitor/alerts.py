@@ -1,9 +1,6 @@
-"""Alerts that warn before a run is lost: per-run monitors and the hub the collector holds.
-
-`AlertMonitor` runs every detector (monitor/detectors.py) on one run's steps; `AlertHub` keeps
-one monitor per run and sends what fires to the sinks: rows for the `alerts` table (returned),
-the `forksight.alerts` logger, and an optional webhook that never blocks ingest.
-"""
+"""Alerts that warn before a run is lost: `AlertMonitor` runs every detector on one run's steps;
+`AlertHub` keeps one per run and sends what fires to the `alerts` rows it returns, the
+`forksight.alerts` logger and an optional webhook that never blocks ingest."""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,5 @@
-"""`forksight alerts replay`: re-run the detectors over a stored run with other settings.
-
-Tune thresholds on your own history: nothing is written unless --write is given (then the
-run's stored alerts are replaced by the replayed ones).
+"""`forksight alerts replay`: re-run the detectors over a stored run with other settings, to tune
+thresholds on your own history; nothing is written unless --write (which replaces the run's alerts).
 """
 from __future__ import annotations
 

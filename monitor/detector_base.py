@@ -1,7 +1,5 @@
-"""Building blocks of the detectors: the Alert record, bounded smoothing state, gates and the base class.
-
-Everything here keeps O(1) state per statistic (debiased EMAs, fixed windows, running sums),
-so a step costs microseconds however long the run is.
+"""Building blocks of the detectors: the Alert record, O(1) state per statistic (debiased EMAs,
+fixed windows, running sums: a step costs microseconds however long the run), gates, the base class.
 """
 from __future__ import annotations
 
@@ -82,11 +80,8 @@ class Baseline:
 
 
 class RollingOLS:
-    """Least-squares line y = a + b·x through the last `window` points, O(1) per point.
-
-    Running sums are rebuilt from the window every `window` points so float error from
-    adding and removing cannot accumulate over a long run.
-    """
+    """Least-squares line y = a + b·x through the last `window` points, O(1) per point; the running
+    sums are rebuilt every `window` points so float error from adding and removing cannot build up."""
 
     def __init__(self, window: int) -> None:
         self.window = window

@@ -1,7 +1,5 @@
-"""The detectors behind forksight's alerts: one class per way a run goes wrong (configs: monitor/alerts.py).
-
-Shared state and gates: monitor/detector_base.py; collapse and covariance: monitor/collapse.py.
-Formulas: ../shared/ALGORITHMS.md §6 (collapse law, covariance), §9 (pass@k), §3 (fork tokens).
+"""The detectors behind forksight's alerts, one class per way a run goes wrong; shared state in
+detector_base.py, collapse and covariance in collapse.py, configs in alerts.py (ALGORITHMS.md §3, §6, §9).
 """
 from __future__ import annotations
 
@@ -39,12 +37,9 @@ ACTION_NON_FINITE = ("Stop and inspect: lower the learning rate, enable gradient
 
 # ---------------------------------------------------------------------------- detectors
 class ExplosionDetector(Detector):
-    """Entropy or Rényi-2 rising well above the run's own early baseline, sustained and either still
-    climbing or hurting: warning; critical once reward falls or length grows with it.
-
-    log|V| may lower the ceiling but never below baseline + min_rise, so a run that starts near
-    maximum entropy (a randomly initialised model) and stays there or falls raises nothing.
-    """
+    """Entropy or Rényi-2 well above the run's own early baseline, sustained and climbing or hurting
+    (warning); critical once reward falls or length grows. A run that starts near log|V| and
+    stays or falls raises nothing: log|V| never lowers the ceiling below baseline + min_rise."""
 
     name = "entropy_explosion"
     fix = "lower the learning rate, reduce the entropy bonus or raise the KL penalty"
