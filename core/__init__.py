@@ -5,6 +5,7 @@ The public API is what this module names; everything under `forksight.monitor`,
 
     forksight.attach(model, ...)           forward hooks on any PyTorch / HF causal LM
     forksight.trl.attach(trainer, ...)     TRL's GRPOTrainer, one line
+    forksight.verl                         verl: a `verl.plugins` entry point (trainer.logger=[console,forksight])
     forksight.open_sink(run, url=, db=)    stream your own numbers (NullSink: the same, doing nothing)
     forksight.serve(db, host=, port=)      a collector + dashboard running in this process
     forksight.token_stats(...), forksight.pass_at_k(n, c, k)   the per-token math
@@ -31,7 +32,7 @@ _PUBLIC = {
     "pass_at_k": "forksight.hooks.metrics",
     "pass_at_k_groups": "forksight.hooks.metrics",
 }
-_SUBMODULES = ("trl",)
+_SUBMODULES = ("trl", "verl")
 
 __all__ = [*_PUBLIC, *_SUBMODULES, "__version__"]
 
@@ -47,7 +48,7 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_PUBLIC[name]), name)
         globals()[name] = value
         return value
-    if name in _SUBMODULES:   # forksight.trl imports TRL, an optional extra
+    if name in _SUBMODULES:   # forksight.trl / forksight.verl import TRL / verl, optional extras
         return importlib.import_module(f"forksight.{name}")
     raise AttributeError(f"module 'forksight' has no attribute {name!r}")
 
