@@ -61,11 +61,13 @@ class CoinTask:
 
     def __init__(self, inner, seed: int) -> None:
         self.inner, self.rng, self.name = inner, random.Random(f"coin-{seed}"), "noise"
+        self.calls = 0
 
     def sample(self, rng):
         return self.inner.sample(rng)
 
     def verify(self, problem, completion: str) -> tuple[float, bool]:
+        self.calls += 1
         win = self.rng.random() < 0.5
         return float(win), win
 
@@ -93,15 +95,21 @@ def _train_one(preset: str, overrides: dict, tmp: Path) -> tuple[list[int], list
     from forksight.trainer import warmup
 
     original, original_warm = loop.make_task, warmup.ensure_warm
+    coins: list[CoinTask] = []
     if preset == "noise":  # the bench's own task, so the trainer needs no test-only preset
-        loop.make_task = lambda *a, **k: CoinTask(original("arith", **{x: k[x] for x in ("level", "reverse")}),
-                                                  overrides["seed"])
+        def coin_task(*args, **kw):
+            coins.append(CoinTask(original("arith", level=kw["level"], reverse=kw["reverse"]), overrides["seed"]))
+            return coins[-1]
+
+        loop.make_task = coin_task
         # the warm-up still learns the real task (a coin would "pass" it at once)
         warmup.ensure_warm = lambda base, task, **kw: original_warm(base, getattr(task, "inner", task), **kw)
     try:
         result = loop.train(load_config(preset="healthy" if preset == "noise" else preset, overrides=values))
     finally:
         loop.make_task, warmup.ensure_warm = original, original_warm
+    if preset == "noise" and not (coins and coins[0].calls):  # the trainer moved make_task: say so
+        raise RuntimeError("the coin reward never ran: patch the trainer's make_task where train() calls it")
     with Store(values["db"]) as store:
         frame = store.reader.read_scalars(result.run_id, keys=list(KEYS), downsample=2**62)
     steps, rows = _by_step(frame)
