@@ -25,10 +25,8 @@ from forksight.hooks.step_buffer import StepBuffer
 
 
 class AttachHandle:
-    """Hooks on one model plus the step buffer; a context manager, `detach()` removes all.
-
-    Stages, one job each: ForwardCapture (hooks) → ForwardStats (per-forward numbers) →
-    StepBuffer (a step's forwards as one batch) → StepReporter (summary, sink); SampleLog holds rewards."""
+    """Hooks on one model, a context manager (`detach()` removes all). Stages: ForwardCapture (hooks) →
+    ForwardStats (per forward) → StepBuffer (a step as one batch) → StepReporter; SampleLog holds rewards."""
 
     def __init__(self, model: torch.nn.Module, sink, *, tokenizer=None, owns_sink: bool = True,
                  group_size: int | None = None, sample: int = 1, every: int = 1,
@@ -120,12 +118,9 @@ class AttachHandle:
                     rewards: Sequence[float], correct: Sequence[bool] | None = None,
                     group_ids: Sequence[int] | None = None, *, sample_ids: Sequence[int] | None = None,
                     source: str = "", scalars: bool = True) -> None:
-        """Rewards and verdicts of a step's completions (pass@k, the completions view).
-
-        step None means the step being accumulated; rows align with the forward's rows unless
-        sample_ids says otherwise; group_ids default to sample_id // group_size. scalars=False:
-        store the rows only (reward/pass@k come from elsewhere, e.g. one rank for all ranks).
-        """
+        """Rewards and verdicts of a step's completions (step None: the one being accumulated); rows align
+        with the forward's rows unless sample_ids says otherwise, group_ids default to sample_id //
+        group_size; scalars=False stores rows only (reward/pass@k logged elsewhere, e.g. by rank 0)."""
         rows = sample_rows(prompts, completions, rewards, correct, group_ids, sample_ids, self.group_size, source)
         self.samples.add(self.step if step is None else int(step), rows, self.step, scalars)
 

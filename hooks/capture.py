@@ -1,10 +1,6 @@
-"""Hook placement: which module to watch and when. `ForwardCapture` hands each TRAINING forward's
-output (logits from the LM head, or a fused head's entropy/log-probs plus the backbone's hidden
-states) to a consumer; it computes nothing itself.
-
-No hook returns a value, so outputs and gradients are untouched; forwards run without grad
-(generation, reference and old-logp passes, eval) are skipped.
-"""
+"""Hook placement: `ForwardCapture` hands each TRAINING forward's output (LM-head logits, or a fused
+head's entropy/log-probs with the backbone's hidden states) to a consumer and computes nothing. No
+hook returns a value (outputs and gradients untouched); forwards without grad are skipped."""
 from __future__ import annotations
 
 import logging

@@ -27,9 +27,8 @@ _TOKEN_FIELDS = ("entropy", "renyi2", "top1", "logp", "js")
 
 class StepReporter:
     """Summarise a step (scalars, entropy histogram, token rows of a bounded sample, samples).
-
-    fork_entropy is the ABSOLUTE fork reference (H ≥ 0.672) behind `fork/frac` and the tokens'
-    `fork` column, not a strategy's top-ρ quantile (that arrives as `selected`)."""
+    fork_entropy is the ABSOLUTE fork reference (H ≥ 0.672) behind `fork/frac` and the `fork` column,
+    not a strategy's top-ρ quantile (that arrives as `selected`)."""
 
     def __init__(self, sink, tokenizer=None, token_groups: int = 1, max_token_rows: int = 4096,
                  fork_entropy: float = FORK_ENTROPY):
@@ -47,11 +46,9 @@ class StepReporter:
                extra: dict[str, float] | None = None, weight: float | None = None,
                sample_ids: Sequence[int] | None = None, parts: torch.Tensor | None = None,
                env_mask: torch.Tensor | None = None) -> dict[str, float]:
-        """Ship one step to the sink and return its scalars (for progress bars).
-
-        sample_ids: the stored id of each row (default its row index), unique across ranks.
-        parts: micro-batch of each row (means per micro-batch, as TRL logs them). env_mask: tokens
-        the environment wrote (tool output): stored as token rows with null statistics, never counted."""
+        """Ship one step to the sink and return its scalars. sample_ids: stored id per row (unique across
+        ranks); parts: micro-batch per row (means per micro-batch, as TRL logs them); env_mask: tokens
+        a tool wrote, stored as token rows with null statistics and never counted."""
         mask = stats.mask.bool()
         if fork is None:
             fork = (stats.entropy >= self.fork_entropy) & mask

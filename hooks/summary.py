@@ -47,12 +47,9 @@ def _mean(field: Tensor, valid: Tensor, parts: Tensor | None) -> float | None:
 
 def summarize(stats: TokenStats, *, selected: Tensor | None = None, advantages=None,
               parts: Tensor | None = None, fork_entropy: float = FORK_ENTROPY) -> dict[str, float]:
-    """A step's token scalars: tokens/count, entropy/mean, entropy/p20…p95, fork/frac (H ≥ fork_entropy),
-    renyi2/top1/logp/js means, length/mean, and with the arguments selected/frac and cov/logp_adv.
-
-    Only mask-valid tokens count; NaN means "not computed" and is skipped; a field that is None is
-    left out. parts [B] (micro-batch of each row) makes each mean a mean of per-part means.
-    length/mean is over rows with at least one valid token (rows no forward saw are not samples)."""
+    """tokens/count, entropy/mean, /p20…/p95, fork/frac (H ≥ fork_entropy), renyi2/top1/logp/js means,
+    length/mean (rows with tokens), selected/frac, cov/logp_adv, over mask-valid tokens (NaN: not
+    computed, skipped; None: key left out). parts [B]: each mean is the mean of per-part means."""
     valid = stats.mask.detach().bool().cpu()
     n_tokens = int(valid.sum())
     out: dict[str, float] = {"tokens/count": float(n_tokens)}

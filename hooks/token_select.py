@@ -1,9 +1,6 @@
-"""Selection helpers that score tokens relative to their batch or response: the top-ρ entropy
-mask of the `fork` strategy, ICT's top-ρ per response, and Cui et al.'s token covariance.
-
-The top-ρ quantile here is RELATIVE to each batch; it is not the absolute fork reference
-`FORK_ENTROPY` (H ≥ 0.672) behind `fork/frac` (docs: ../shared/ALGORITHMS.md §2, §3, §6).
-"""
+"""Selection helpers (ALGORITHMS.md §2, §3, §6): the `fork` strategy's top-ρ entropy mask, ICT's top-ρ
+per response, Cui et al.'s token covariance. Top-ρ is RELATIVE to each batch; the absolute fork
+reference behind `fork/frac` is FORK_ENTROPY (H ≥ 0.672)."""
 from __future__ import annotations
 
 import math

@@ -1,9 +1,6 @@
-"""Run under `torchrun --nproc_per_node=2` (gloo, CPU) by test_trl_ranks.py: a real GRPOTrainer
-with forksight.trl attached on every rank, streaming to one collector run; rank 0 writes what
-TRL logged (entropy is TRL's mean over both ranks' tokens) to a JSON file.
-
-    python trl_ranks_script.py MODEL_DIR URL RUN OUT_DIR
-"""
+"""`torchrun --nproc_per_node=2 trl_ranks_script.py MODEL_DIR URL RUN OUT_DIR` (test_trl_ranks.py): a real
+GRPOTrainer with forksight.trl on every rank streaming to one collector run; rank 0 writes what TRL
+logged (its entropy is the mean over both ranks' tokens) to OUT_DIR/trl_logs.json."""
 from __future__ import annotations
 
 import json
