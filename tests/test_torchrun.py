@@ -13,6 +13,7 @@ import duckdb
 import pytest
 
 from forksight.monitor.store import Store
+from rank_checks import assert_ranks_share_one_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,17 +38,7 @@ def test_two_ranks_stream_into_one_merged_run(tmp_path, collector):
 
     con = duckdb.connect(collector.db, read_only=True)
     try:
-        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
-        ranks = {t: sorted(r for (r,) in con.execute(f"SELECT DISTINCT rank FROM {t} WHERE run_id='ddp'").fetchall())
-                 for t in ("scalars", "tokens", "samples", "histograms")}
-        assert all(v == [0, 1] for v in ranks.values()), ranks
-        for table in ("samples", "tokens"):  # one sample's rows never mix two ranks
-            mixed = con.execute(f"SELECT count(*) FROM (SELECT step, sample_id FROM {table} WHERE "
-                                "run_id='ddp' GROUP BY ALL HAVING count(DISTINCT rank) > 1)").fetchone()[0]
-            assert mixed == 0, table
-        groups = con.execute("SELECT count(*) FROM (SELECT step, group_id FROM samples WHERE run_id='ddp' "
-                             "GROUP BY ALL HAVING count(DISTINCT rank) > 1)").fetchone()[0]
-        assert groups == 0
+        assert_ranks_share_one_run(con, "ddp", [0, 1])
         per_rank = {(step, rank, key): (value, weight) for step, rank, key, value, weight in con.execute(
             "SELECT step, rank, key, value, weight FROM scalars WHERE run_id='ddp'").fetchall()}
     finally:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from forksight.monitor.store import Store
+from rank_checks import assert_ranks_share_one_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,17 +31,7 @@ def test_two_trl_ranks_stream_into_one_merged_run(tmp_path, collector, tiny_mode
 
     con = duckdb.connect(collector.db, read_only=True)
     try:
-        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
-        ranks = {t: sorted(r for (r,) in con.execute(f"SELECT DISTINCT rank FROM {t} WHERE run_id='trl2'").fetchall())
-                 for t in ("scalars", "tokens", "samples", "histograms")}
-        assert all(v == [0, 1] for v in ranks.values()), ranks
-        for table in ("samples", "tokens"):  # one sample's rows never mix two ranks
-            mixed = con.execute(f"SELECT count(*) FROM (SELECT step, sample_id FROM {table} WHERE "
-                                "run_id='trl2' GROUP BY ALL HAVING count(DISTINCT rank) > 1)").fetchone()[0]
-            assert mixed == 0, table
-        groups = con.execute("SELECT count(*) FROM (SELECT step, group_id FROM samples WHERE run_id='trl2' "
-                             "GROUP BY ALL HAVING count(DISTINCT rank) > 1)").fetchone()[0]
-        assert groups == 0
+        assert_ranks_share_one_run(con, "trl2", [0, 1])
         # every completion of the generation batch (2 ranks x 8) is stored once, with its length
         per_step = con.execute("SELECT step, count(*), count(DISTINCT sample_id), count(length) FROM samples "
                                "WHERE run_id='trl2' GROUP BY step ORDER BY step").fetchall()
