@@ -64,6 +64,8 @@ def _header(metadata: bytes) -> tuple[int, int, list[tuple[int, int]], bool]:
     if buffers_at is not None:
         vec = _deref(metadata, buffers_at)
         count = struct.unpack_from("<I", metadata, vec)[0]
+        if vec + 4 + 16 * count > len(metadata):    # a forged count must not cost a long loop
+            raise StreamRefused(400, "a message header lists more buffers than it holds: the stream is damaged")
         buffers = [struct.unpack_from("<qq", metadata, vec + 4 + 16 * i) for i in range(count)]
     return kind, rows, buffers, _field(metadata, batch, 3) is not None
 
@@ -80,6 +82,8 @@ def _decoded_size(body: pa.Buffer | None, buffers: list[tuple[int, int]], compre
         if offset < 0 or offset + 8 > len(view):
             raise StreamRefused(400, "a buffer lies outside the message body: the stream is damaged")
         declared = struct.unpack_from("<q", view, offset)[0]
+        if declared < -1:
+            raise StreamRefused(400, "a compressed buffer declares a negative length: the stream is damaged")
         total += length - 8 if declared == -1 else declared
     return total
 

@@ -109,6 +109,21 @@ def test_a_dictionary_column_is_refused_by_its_expanded_size(tmp_path, http):
     assert http.get(f"/api/runs/{run}/tokens", params={"step": 1}).json()[1]["token"] == "b"
 
 
+@pytest.mark.parametrize("declared, status", [(1 << 40, 413), (-5, 400)])
+def test_a_forged_decompressed_length_is_refused_before_any_allocation(http, declared, status):
+    import struct
+
+    n = 12345                                         # its data buffer declares n * 8 bytes once decompressed
+    body = _ipc(pa.table({"step": pa.array(np.arange(n), pa.int64()), "sample_id": pa.array(np.zeros(n, np.int64)),
+                          "pos": pa.array(np.zeros(n, np.int32))}))
+    prefix = struct.pack("<q", n * 8)
+    assert body.count(prefix) == 2                    # step and sample_id
+    run = _run(http, "forged")
+    resp = _post_arrow(http, run, body.replace(prefix, struct.pack("<q", declared)))
+    assert resp.status_code == status, resp.text
+    assert _counts(http, run)["tokens"] == 0
+
+
 # ---------------------------------------------------------------------------- 4xx, never 500
 def test_duplicate_arrow_column_names_are_a_422(http):
     run = _run(http, "dup")
