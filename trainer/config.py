@@ -78,8 +78,9 @@ class TrainConfig(BaseModel):
     seed: int = _f(0, "optimisation", "Seed for sampling problems, rollouts and selection.")
     # -- selection -----------------------------------------------------------------------------
     strategy: Strategy = _f("all", "selection", "Which tokens the loss trains on.")
-    rho: float | None = _f(None, "selection", "Fraction kept by fork/ict/random; default 0.2 "
-                           "(fork, random) or 0.1 (ict).", gt=0, le=1)
+    rho: float | None = _f(None, "selection", "Top-ρ fraction of tokens kept by fork/ict/random, relative "
+                           "to the batch (ict: each response); default 0.2 (fork, random) or 0.1 (ict). "
+                           "Not the absolute fork/frac reference H ≥ 0.672.", gt=0, le=1)
     normalizer: Literal["paper", "verl"] = _f("paper", "selection", "fork/random loss divisor: "
                                               "all valid tokens (paper) or the selected count (verl).")
     stapo_tau_p: float = _f(0.01, "selection", "STAPO: silence tokens with p(y) below this ...",
