@@ -92,11 +92,13 @@ def start_embedded(url: str, db: str, token: str | None = None) -> Collector:
     log.warning("forksight: started an embedded collector on %s (db %s); it lives as long as this process",
                 collector.url, db)
     _embedded.append(collector)
+    # after the Store imported duckdb, so it runs before DuckDB's exit hook (see sink_base._track),
+    # and before any sink opened on it registers its own finish, which must run first
+    atexit.unregister(_stop_embedded)
+    atexit.register(_stop_embedded)
     return collector
 
 
-@atexit.register
 def _stop_embedded() -> None:
-    # registered at import, before any sink exists: atexit runs it after sinks have flushed
     while _embedded:
         _embedded.pop().stop()

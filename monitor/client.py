@@ -3,7 +3,6 @@ monitor/http_sink.py) or nothing (NullSink); `open_sink` picks one. Logging neve
 on the caller's thread."""
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import threading
@@ -12,7 +11,7 @@ from collections import Counter
 from typing import Any, Mapping, Sequence
 
 from forksight.monitor.http_sink import HttpSink
-from forksight.monitor.sink_base import (_finish_open_sinks, _finite_scalars, _histogram_item, _open_sinks,
+from forksight.monitor.sink_base import (_finite_scalars, _histogram_item, _open_sinks,
                                          _sample_rows, _Sink, _track)
 
 __all__ = ["open_sink", "NullSink", "LocalSink", "HttpSink", "collector_answers"]
@@ -228,7 +227,4 @@ def open_sink(run: str = "run", url: str | None = None, db: str | None = None, *
     from forksight.app import start_embedded
 
     start_embedded(url, db=os.environ.get("FORKSIGHT_DB", DEFAULT_DB), token=token)
-    # atexit runs last-registered first: sinks must flush before the embedded collector stops
-    atexit.unregister(_finish_open_sinks)
-    atexit.register(_finish_open_sinks)
     return HttpSink(url, run, token=token, **meta)

@@ -101,12 +101,16 @@ def _track(sink: "_Sink") -> None:
         _uncaught["hooked"] = True
         sys.excepthook = _note_uncaught(sys.excepthook)
     _open_sinks.add(sink)
+    # (re)registered now, after the sink's store or collector imported duckdb: atexit runs last-in
+    # first, and DuckDB's own exit hook (registered at `import duckdb`) stops every query that reads
+    # Python data, which is how queued rows are written: registered at import, exit lost them all
+    atexit.unregister(_finish_open_sinks)
+    atexit.register(_finish_open_sinks)
 
 
 _open_sinks: "weakref.WeakSet[_Sink]" = weakref.WeakSet()
 
 
-@atexit.register
 def _finish_open_sinks() -> None:
     # the training script ended without finish(): flush, and say how it ended
     for sink in list(_open_sinks):
