@@ -124,6 +124,7 @@ def test_optimizer_mode_makes_one_step_of_accumulated_forwards(tiny, tmp_path):
         assert scalars["tokens/count"] == int((labels[:, 1:] != -100).sum())  # both halves in step 0
     assert not model._forward_hooks and not model._forward_pre_hooks
     assert not model.get_output_embeddings()._forward_hooks and not model.model._forward_hooks
+    sink.finish()  # a sink the caller passed is the caller's to finish (left open, atexit met a dying interpreter)
 
 
 def test_eval_forwards_without_grad_are_not_steps(tiny):
