@@ -1,11 +1,6 @@
-"""TRL's GRPOTrainer in one line: `forksight.trl.attach(trainer, db=... or url=..., run=...)`.
-
-Adds `ForksightCallback`, which streams every scalar TRL logs (under TRL's names), per-token
-entropy / Rényi-2 / log p for the completion tokens of every training forward, ICT JS and
-top-1 on a sample of groups, the selection mask of `top_entropy_quantile`, the samples of each
-generation batch with rewards and group ids (index // num_generations), pass@1…pass@G and
-eval/pass@k. Version support (what degrades where) is in `SUPPORT` and the README.
-"""
+"""TRL's GRPOTrainer in one line: `forksight.trl.attach(trainer, db=... or url=..., run=...)`. `ForksightCallback`
+streams TRL's scalars, per-token statistics of every training forward (tool output stored, never scored), TRL's
+top_entropy_quantile mask, samples, pass@k and eval pass@k per set; version support in `SUPPORT` and the README."""
 from __future__ import annotations
 
 import inspect
@@ -19,9 +14,9 @@ from transformers import TrainerCallback
 
 from forksight.hooks.attach import AttachHandle
 from forksight.hooks.passk import pass_at_k_groups
+from forksight.hooks.sample_log import as_text
 from forksight.hooks.summary import group_scalars
 from forksight.hooks.trl_rows import GenerationRows
-from forksight.hooks.sample_log import as_text
 
 log = logging.getLogger("forksight.trl")
 
