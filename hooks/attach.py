@@ -1,15 +1,6 @@
-"""`hooks.attach(model, ...)`: forward hooks that turn what a model's forward already produced
-into per-token statistics (entropy, Rényi-2, top-1, log p, ICT JS) and stream them to a sink.
-
-Where the numbers come from (docs: ../shared/DESIGN.md "Where the per-token numbers come from"):
-- logits: a hook on `model.get_output_embeddings()` sees [B, T, V] and computes at once (TRL
-  ≤ 1.14 rescales those logits in place right after the forward);
-- fused heads (TRL ≥ 1.15): the forward returns `entropy`, `log_probs` (and `log_sum_sq_probs`)
-  instead of logits; a hook on the backbone keeps the hidden states so that a sample of groups
-  gets full distributions (hidden × Wᵀ in chunks) for JS and top-1.
-Everything runs under no_grad on detached tensors and no hook returns a value, so outputs and
-gradients are untouched; forwards run without grad (generation, eval) are skipped.
-"""
+"""`forksight.attach(model, ...)`: forward hooks turn what a training forward already produced (logits, or a
+fused head's entropy/log p plus hidden states × W for sampled groups) into per-token statistics and stream
+them; no_grad, detached, no hook returns a value (DESIGN.md "Where the per-token numbers come from")."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
