@@ -19,6 +19,7 @@ MAX_TEXT_CHARS = 64 * 1024             # prompt, completion
 MAX_TOKEN_CHARS = 1024                 # one decoded token's text
 MAX_SHORT_CHARS = 200                  # project, strategy, model, source, detector ...
 MAX_CONFIG_CHARS = 256 * 1024          # a run's config, serialised as JSON
+MAX_CONFIG_DEPTH = 64                  # nesting of a run's config (deeper cannot be served back as JSON)
 MAX_STEP = 2**62
 MAX_RANK = 65_535
 # sinks send nonfinite/<key> = 0 (NaN), 1 (+inf), -1 (-inf) in place of a non-finite <key>
@@ -46,6 +47,7 @@ def limits() -> dict[str, Any]:
         "max_scalar_rows": MAX_SCALAR_ROWS, "max_sample_rows": MAX_SAMPLE_ROWS,
         "max_histograms": MAX_HISTOGRAMS, "max_bins": MAX_BINS, "max_key_chars": MAX_KEY_CHARS,
         "max_text_chars": MAX_TEXT_CHARS, "max_token_chars": MAX_TOKEN_CHARS,
-        "max_config_chars": MAX_CONFIG_CHARS, "max_step": MAX_STEP, "max_rank": MAX_RANK,
+        "max_config_chars": MAX_CONFIG_CHARS, "max_config_depth": MAX_CONFIG_DEPTH,
+        "max_step": MAX_STEP, "max_rank": MAX_RANK,
         "run_id_pattern": RUN_ID_PATTERN, "batch_id_pattern": BATCH_ID_PATTERN,
     }

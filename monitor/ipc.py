@@ -114,11 +114,14 @@ def read_bounded(body: bytes, max_rows: int, max_bytes: int) -> pa.Table:
                 raise StreamRefused(413, f"the stream decodes to over {max_bytes} bytes (counted {size} "
                                     f"so far); send smaller batches")
         table = pa.ipc.open_stream(source).read_all()
+        # offsets, dictionary indices, UTF-8 in names and text: Arrow reads them unchecked, and
+        # they failed later as 500s (DuckDB mid-insert, a column name that is not text)
+        names = table.column_names
+        table.validate(full=True)
     except StreamRefused:
         raise
-    except (pa.ArrowException, OSError, struct.error, IndexError) as exc:
+    except (pa.ArrowException, OSError, struct.error, IndexError, UnicodeDecodeError) as exc:
         raise StreamRefused(400, f"body is not a valid Arrow IPC stream ({exc})") from None
-    names = table.column_names
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise StreamRefused(422, f"tokens: column(s) {repeated} appear more than once; send each column once")

@@ -74,7 +74,8 @@ class Reader:
         if row.empty:
             return None
         out = row.iloc[0].to_dict()
-        out["config"] = json.loads(out["config"]) if out.get("config") else None
+        config = out.get("config")          # a missing config reads as NaN in pandas' str column
+        out["config"] = json.loads(config) if isinstance(config, str) and config else None
         return out
 
     def has_run(self, run_id: str) -> bool:

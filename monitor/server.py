@@ -15,12 +15,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect
 
 from forksight.limits import BATCH_ID_RE, MAX_RANK, limits
 from forksight.monitor.errors import ApiError, validation_message
 from forksight.monitor.ingest import Ingest, ingest_impl, json_records, parse_arrow_tokens, require_run
 from forksight.monitor.routes_read import read_routes
-from forksight.monitor.schema import ARROW_MEDIA_TYPE, Batch, RunCreate, RunUpdate
+from forksight.monitor.schema import ARROW_MEDIA_TYPE, Batch, RunCreate, RunUpdate, inline_json_schema
 from forksight.monitor.store import Store
 
 log = logging.getLogger("forksight.server")
@@ -56,6 +57,13 @@ def create_api(store: Store, *, hub=None) -> FastAPI:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
         return JSONResponse({"detail": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, exc: ClientDisconnect):
+        # the client left mid-body (or sent a broken chunk): nothing was stored, and this is no
+        # application error to log with a traceback; the answer reaches whoever still listens
+        return JSONResponse({"detail": "the body did not arrive whole (the client disconnected); "
+                                       "nothing of it was stored: send it again"}, status_code=400)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
@@ -95,7 +103,7 @@ def create_api(store: Store, *, hub=None) -> FastAPI:
 
     @app.post("/api/runs/{run_id}/ingest",
               openapi_extra={"requestBody": {"required": True, "content": {
-                  "application/json": {"schema": Batch.model_json_schema()}}}})
+                  "application/json": {"schema": inline_json_schema(Batch)}}}})
     async def ingest(run_id: str, request: Request) -> dict:
         """One JSON batch (scalars, samples, histograms, tokens); idempotent by batch_id."""
         require_run(ingester, run_id)
