@@ -13,12 +13,10 @@ import numpy as np
 import pandas as pd
 from dash import Patch
 
-from forksight.dashboard.figures import (SEVERITY_COLOR, SEVERITY_SYMBOL, by_key, ema_debiased,
-                                         series, x_values)
-from forksight.dashboard.run_figures import (alert_text, bin_labels, histogram_matrix,
-                                             median_labels)
+from forksight.dashboard.figures import by_key, ema_debiased, series, x_values
+from forksight.dashboard.run_figures import bin_labels, histogram_matrix, median_labels
 
-GROWING_ROLES = ("raw", "smooth", "heatmap", "median", "alerts")
+GROWING_ROLES = ("raw", "smooth", "heatmap", "median")
 
 
 def trace_plan(figure: Any) -> list[dict]:
@@ -45,11 +43,11 @@ def _gap_rows(scalars: dict, hi_key: str, lo_key: str, last_step: int) -> pd.Dat
 
 
 def extend_patch(plan: list[dict], scalars: pd.DataFrame | dict, *, last_step: int,
-                 smoothing: float, x_axis: str, hist: pd.DataFrame | None = None,
-                 new_alerts: pd.DataFrame | None = None) -> tuple[Patch | None, list[dict]]:
-    """A Patch appending rows with step > last_step (and every row of new_alerts) to the
-    planned traces, and the plan with its EMA states advanced. (None, plan) when nothing new
-    touches this figure."""
+                 smoothing: float, x_axis: str, hist: pd.DataFrame | None = None
+                 ) -> tuple[Patch | None, list[dict]]:
+    """A Patch appending rows with step > last_step to the planned traces, and the plan with
+    its EMA states advanced. (None, plan) when nothing new touches this figure. Alerts are not
+    patched: a new one adds shapes, so run_view.tick_run redraws."""
     patch, plan, touched = Patch(), copy.deepcopy(plan), False
     scalars = scalars if isinstance(scalars, dict) else by_key(scalars)
     for entry in plan:
@@ -81,33 +79,4 @@ def extend_patch(plan: list[dict], scalars: pd.DataFrame | dict, *, last_step: i
                 labels = bin_labels([los[c] for c in cols], [his[c] for c in cols])
                 patch["data"][i]["y"].extend(median_labels(frac[:, cols], labels))
             touched = True
-        elif role == "alerts" and new_alerts is not None and not new_alerts.empty:
-            touched |= _extend_alerts(patch, i, new_alerts, scalars, x_axis)
     return (patch if touched else None), plan
-
-
-def _extend_alerts(patch: Patch, i: int, new: pd.DataFrame, scalars: dict,
-                   x_axis: str) -> bool:
-    """Markers for new alerts, on the entropy mean of their step when it is in this tick."""
-    mean = series(scalars, "entropy/mean").set_index("step")
-    xs, ys, texts = [], [], []
-    for a in new.sort_values("step").to_dict("records"):
-        step = int(a["step"])
-        if step in mean.index:
-            row = mean.loc[[step]].reset_index()
-            ys.append(float(row["value"].iloc[0]))
-            xs.append(x_values(row, x_axis)[0])
-        elif x_axis == "step":
-            xs.append(step)
-            ys.append(float(a.get("value") or 0.0))
-        else:
-            continue  # no wall time known for that step: skip the marker, the banner shows it
-        texts.append(alert_text(a))
-        patch["data"][i]["marker"]["color"].append(SEVERITY_COLOR.get(a.get("severity"),
-                                                                      "#e67700"))
-        patch["data"][i]["marker"]["symbol"].append(SEVERITY_SYMBOL.get(a.get("severity"),
-                                                                        "circle"))
-    patch["data"][i]["x"].extend(xs)
-    patch["data"][i]["y"].extend(ys)
-    patch["data"][i]["hovertext"].extend(texts)
-    return bool(xs)

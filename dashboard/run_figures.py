@@ -8,9 +8,10 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from forksight.dashboard.alert_figures import alert_layers, escape_markup, latest_forecast
 from forksight.dashboard.figures import (DIAGNOSTIC_KEYS, ENTROPY_COLOR, FORK_THRESHOLD, JS_COLOR,
-                                         RENYI_COLOR, SEVERITY_COLOR, SEVERITY_SYMBOL,
-                                         base_layout, clean, downsample_indices, empty_figure,
+                                         RENYI_COLOR, SEVERITY_COLOR, base_layout, clean,
+                                         downsample_indices, empty_figure,
                                          epoch_seconds, flat_range, grid_axes, hline, keys_of,
                                          line_trace, pass_keys, raw_and_smooth, series,
                                          smoothed, use_webgl, wall_strings, x_values)
@@ -26,7 +27,8 @@ def entropy_figure(scalars: pd.DataFrame, *, alerts: pd.DataFrame | None = None,
                    log_y: bool = False, max_points: int | None = None,
                    uirevision: str = "run") -> dict:
     """Entropy mean with its p20–p80 band, Rényi-2, JS (right axis), fork and log|V| lines,
-    alert markers and the forecasted collapse step drawn ahead of the curve."""
+    the forecasted collapse step drawn ahead of the curve, and the alerts routed here: an
+    entropy alert's marker, threshold and forecast lines, any other alert as a marker."""
     mean = series(scalars, "entropy/mean", max_points)
     lo, hi = series(scalars, "entropy/p20", max_points), series(scalars, "entropy/p80", max_points)
     renyi, js = series(scalars, "renyi2/mean", max_points), series(scalars, "js/mean", max_points)
@@ -49,7 +51,6 @@ def entropy_figure(scalars: pd.DataFrame, *, alerts: pd.DataFrame | None = None,
     for trace in js_traces:                 # secondary: dotted, so H stays the eye's anchor
         trace["line"].update(dash="dot", width=1.5)
     data += js_traces
-    data.append(alert_trace(alerts, mean, x_axis))
     shapes, notes = [], []
     for shape, note in (hline(FORK_THRESHOLD, "fork threshold 0.672", "#495057", "dot"),):
         shapes.append(shape)
@@ -72,6 +73,15 @@ def entropy_figure(scalars: pd.DataFrame, *, alerts: pd.DataFrame | None = None,
         data.append(forecast["trace"])
         shapes.append(forecast["shape"])
         notes.append(forecast["note"])
+    # alerts on an entropy signal explain themselves here; any other routed here (its signal
+    # on no chart) is a marker on the mean curve
+    layers = alert_layers(alerts, {key: (rows, "x", "y") for key, rows in (
+        ("entropy/mean", mean), ("renyi2/mean", renyi), ("entropy/p20", lo),
+        ("entropy/p80", hi))}, x_axis, fallback=(mean, "x", "y"), log_y=log_y,
+        drawn_forecasts=[forecast["trace"]["meta"]["step"]] if forecast else [])
+    data += layers["data"]
+    shapes += layers["shapes"]
+    notes += layers["annotations"]
     layout = base_layout("Token entropy", height=380, x_axis=x_axis, log_y=log_y,
                          margin={"r": 70},
                          uirevision=uirevision, shapes=shapes, annotations=notes,
@@ -89,43 +99,6 @@ def _js_range(js: pd.DataFrame, log_y: bool) -> dict:
     if log_y or top is None or not np.isfinite(top) or top <= 0:
         return {}
     return {"range": [0, 2.2 * float(top)], "autorange": False}
-
-
-def alert_text(alert: dict) -> str:
-    """One line per alert for hovers and the banner: severity, step, message, what to do."""
-    action = alert.get("action") or ""
-    text = (f"{alert.get('severity', '')} · {alert.get('detector', '')} at step "
-            f"{int(alert.get('step', 0))}: {alert.get('message', '')}")
-    return f"{text} → {action}" if action else text
-
-
-def alert_trace(alerts: pd.DataFrame | None, mean: pd.DataFrame, x_axis: str) -> dict:
-    """Alerts as markers on the entropy curve (hover: detector, message, recommendation)."""
-    x, y, text, colors, symbols = [], [], [], [], []
-    if alerts is not None and not alerts.empty and not mean.empty:
-        steps = mean["step"].to_numpy()
-        for a in alerts.sort_values("step").to_dict("records"):
-            # the nearest drawn point: the curve may be downsampled
-            i = int(np.clip(np.searchsorted(steps, a["step"]), 0, len(steps) - 1))
-            x.append(x_values(mean.iloc[[i]], x_axis)[0] if x_axis == "wall" else int(a["step"]))
-            y.append(float(mean["value"].iloc[i]))
-            text.append(alert_text(a))
-            colors.append(SEVERITY_COLOR.get(a.get("severity"), "#e67700"))
-            symbols.append(SEVERITY_SYMBOL.get(a.get("severity"), "circle"))
-    return {"type": "scatter", "x": x, "y": y, "mode": "markers", "name": "alerts",
-            "hovertext": text, "hoverinfo": "text", "meta": {"key": "alerts", "role": "alerts"},
-            "marker": {"size": 13, "color": colors, "symbol": symbols,
-                       "line": {"width": 1.5, "color": "#ffffff"}}}
-
-
-def latest_forecast(alerts: pd.DataFrame | None) -> int | None:
-    """The forecast step of the most recent alert that has one (None when none forecast)."""
-    if alerts is None or alerts.empty or "forecast" not in alerts:
-        return None
-    has = alerts[alerts["forecast"].notna()]
-    if has.empty:
-        return None
-    return int(has.sort_values("step")["forecast"].iloc[-1])
 
 
 def forecast_pieces(alerts: pd.DataFrame | None, mean: pd.DataFrame, x_axis: str) -> dict | None:
@@ -233,9 +206,22 @@ def diversity_gap(scalars: pd.DataFrame, hi_key: str, lo_key: str,
     return both.iloc[downsample_indices(len(both), max_points)]
 
 
-def passk_figure(scalars: pd.DataFrame, *, smoothing: float = 0.0, x_axis: str = "step",
-                 max_points: int | None = None, uirevision: str = "run") -> dict:
-    """Reward and pass@1…pass@G on top, the diversity gap pass@G − pass@1 below."""
+def gap_key(keys: Sequence[str]) -> str | None:
+    """The diversity gap's signal name as the detectors write it ("pass@8-pass@1")."""
+    found = pass_keys(keys)
+    return f"{found[-1]}-{found[0]}" if len(found) >= 2 else None
+
+
+def passk_signals(keys: Sequence[str]) -> list[str]:
+    """The signals the reward/pass@k chart shows: reward, every pass@k and their gap."""
+    return ["reward/mean", *pass_keys(keys), *filter(None, [gap_key(keys)])]
+
+
+def passk_figure(scalars: pd.DataFrame, *, alerts: pd.DataFrame | None = None,
+                 smoothing: float = 0.0, x_axis: str = "step", max_points: int | None = None,
+                 uirevision: str = "run") -> dict:
+    """Reward and pass@1…pass@G on top, the diversity gap pass@G − pass@1 below, and the
+    alerts on those signals (a stagnation alert as its fitted reward trend)."""
     keys = pass_keys(keys_of(scalars))
     reward = series(scalars, "reward/mean", max_points)
     rows = {k: series(scalars, k, max_points) for k in keys}
@@ -246,6 +232,7 @@ def passk_figure(scalars: pd.DataFrame, *, smoothing: float = 0.0, x_axis: str =
         rgb = tuple(int(a + (b - a) * shade) for a, b in zip((24, 100, 171), (165, 216, 255)))
         data += raw_and_smooth(rows[key], key, name=key, color=f"rgb{rgb}",
                                smoothing=smoothing, x_axis=x_axis, gl=gl)
+    panels = {"reward/mean": (reward, "x", "y"), **{k: (rows[k], "x", "y") for k in keys}}
     if len(keys) >= 2:
         gap = diversity_gap(scalars, keys[-1], keys[0], max_points)
         y, meta = clean(gap["value"].to_numpy(np.float64)), {"key": "gap", "role": "raw"}
@@ -255,8 +242,12 @@ def passk_figure(scalars: pd.DataFrame, *, smoothing: float = 0.0, x_axis: str =
         data.append(line_trace(x_values(gap, x_axis), y, gl=gl, color="#2b8a3e", yaxis="y2",
                                name=f"diversity gap {keys[-1]} − {keys[0]}", fill="tozeroy",
                                fillcolor="rgba(43,138,62,0.15)", meta=meta))
+        panels[gap_key(keys)] = (gap, "x", "y2")
+    layers = alert_layers(alerts, panels, x_axis)
+    data += layers["data"]
     layout = base_layout("Reward, pass@k and the diversity gap pass@G − pass@1", height=390,
-                         x_axis=x_axis, uirevision=uirevision,
+                         x_axis=x_axis, uirevision=uirevision, shapes=layers["shapes"],
+                         annotations=layers["annotations"],
                          yaxis={"domain": [0.36, 1.0], "title": {"text": "reward / pass@k"}},
                          yaxis2={"domain": [0.0, 0.28], "anchor": "x", "rangemode": "tozero",
                                  "title": {"text": "gap"}})
@@ -267,27 +258,32 @@ def passk_figure(scalars: pd.DataFrame, *, smoothing: float = 0.0, x_axis: str =
 def scalar_grid(scalars: pd.DataFrame, keys: Sequence[str] = DIAGNOSTIC_KEYS, *,
                 smoothing: float = 0.0, x_axis: str = "step", log_y: bool = False,
                 max_points: int | None = None, cols: int = 4, title: str = "Training signals",
-                uirevision: str = "run") -> dict:
-    """Small multiples, one panel per key (fork/selected fraction, cov, loss, KL, …)."""
+                alerts: pd.DataFrame | None = None, uirevision: str = "run") -> dict:
+    """Small multiples, one panel per key (fork/selected fraction, cov, loss, KL, …), each with
+    the alerts on its key."""
     keys = list(keys)
     if not keys:
         return empty_figure("pick scalars by name above", height=90)
     cols = min(cols, len(keys))
     rows = {k: series(scalars, k, max_points) for k in keys}
     gl = use_webgl(sum(map(len, rows.values())))
-    data, layout_axes, notes = [], {}, []
+    data, layout_axes, notes, panels = [], {}, [], {}
     for key, (xref, yref, xa, ya) in zip(keys, grid_axes(len(keys), cols)):
+        panels[key] = (rows[key], xref, yref)
         data += raw_and_smooth(rows[key], key, name=key, color="#1c7ed6", smoothing=smoothing,
                                x_axis=x_axis, gl=gl, showlegend=False, xaxis=xref, yaxis=yref)
         layout_axes["xaxis" + xref[1:]] = {**xa, "type": "date" if x_axis == "wall" else "linear"}
         layout_axes["yaxis" + yref[1:]] = {**ya, "type": "log" if log_y else "linear",
                                            **flat_range(rows[key]["value"])}
         label = key if len(rows[key]) else f"{key} (not logged)"
-        notes.append({"text": label, "xref": "paper", "yref": "paper", "x": sum(xa["domain"]) / 2,
-                      "y": ya["domain"][1], "xanchor": "center", "yanchor": "bottom",
+        notes.append({"text": escape_markup(label), "xref": "paper", "yref": "paper",
+                      "x": sum(xa["domain"]) / 2, "y": ya["domain"][1], "xanchor": "center", "yanchor": "bottom",
                       "showarrow": False, "font": {"size": 12}})
+    layers = alert_layers(alerts, panels, x_axis, log_y=log_y)
+    data += layers["data"]
     nrows = math.ceil(len(keys) / cols)
     layout = base_layout(title, height=190 * nrows + 70, x_axis=x_axis, log_y=log_y,
-                         uirevision=uirevision, hovermode="closest", annotations=notes)
+                         uirevision=uirevision, hovermode="closest",
+                         annotations=notes + layers["annotations"], shapes=layers["shapes"])
     layout.update(layout_axes)
     return {"data": data, "layout": layout}

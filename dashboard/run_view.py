@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pandas as pd
 from dash import html
 
+from forksight.dashboard import alert_figures as A
 from forksight.dashboard import figures as F
 from forksight.dashboard import run_figures as R
 from forksight.dashboard.data import LRU
@@ -135,17 +136,22 @@ def draw_run(reader, run_id: str, controls: Controls, cache: LRU | None = None) 
     run, frame, hist, alerts = read_run(reader, run_id, wanted, controls.max_points, cache)
     scalars = F.by_key(frame)
     c = controls
+    # each alert on the chart that shows its signal; the rest as markers on the entropy chart
+    routed = A.route_alerts(alerts, {"passk": R.passk_signals(keys),
+                                     "signals": F.DIAGNOSTIC_KEYS, "custom": c.custom_keys})
     figures = {
-        "entropy": R.entropy_figure(scalars, alerts=alerts, vocab_size=vocab_size(run),
+        "entropy": R.entropy_figure(scalars, alerts=routed["rest"], vocab_size=vocab_size(run),
                                     smoothing=c.smoothing, x_axis=c.x_axis, log_y=c.log_y,
                                     max_points=c.max_points, uirevision=run_id),
         "heatmap": R.entropy_heatmap(hist, max_steps=HEATMAP_STEPS, uirevision=run_id),
-        "passk": R.passk_figure(scalars, smoothing=c.smoothing, x_axis=c.x_axis,
-                                max_points=c.max_points, uirevision=run_id),
-        "signals": R.scalar_grid(scalars, F.DIAGNOSTIC_KEYS, smoothing=c.smoothing,
+        "passk": R.passk_figure(scalars, alerts=routed["passk"], smoothing=c.smoothing,
+                                x_axis=c.x_axis, max_points=c.max_points, uirevision=run_id),
+        "signals": R.scalar_grid(scalars, F.DIAGNOSTIC_KEYS, alerts=routed["signals"],
+                                 smoothing=c.smoothing,
                                  x_axis=c.x_axis, log_y=c.log_y, max_points=c.max_points,
                                  uirevision=run_id),
-        "custom": R.scalar_grid(scalars, list(c.custom_keys), smoothing=c.smoothing,
+        "custom": R.scalar_grid(scalars, list(c.custom_keys), alerts=routed["custom"],
+                                smoothing=c.smoothing,
                                 x_axis=c.x_axis, log_y=c.log_y, cols=3,
                                 max_points=c.max_points,
                                 title="Other scalars", uirevision=run_id),
@@ -154,7 +160,7 @@ def draw_run(reader, run_id: str, controls: Controls, cache: LRU | None = None) 
     last_hist = int(hist["step"].max()) if not hist.empty else -1
     state = {"run_id": run_id, "last_step": last, "last_hist_step": last_hist,
              "controls": controls.key(),
-             "alerts_seen": len(alerts), "forecast": R.latest_forecast(alerts),
+             "alerts_seen": len(alerts), "forecast": A.latest_forecast(alerts),
              "keys": wanted, "plans": {name: trace_plan(fig) for name, fig in figures.items()}}
     return {"figures": figures, "state": state, "banner": banner(alerts), "run": run,
             "other_keys": other_keys(keys)}
@@ -174,18 +180,19 @@ def tick_run(reader, state: dict, controls: Controls) -> dict:
         else alerts.iloc[:0]
     state = {**state, "plans": dict(state["plans"])}
     out: dict = {"figures": {}, "banner": None, "redraw": False}
-    forecast = R.latest_forecast(alerts)
-    if forecast != state["forecast"]:
-        out["redraw"] = True          # a new forecast moves shapes and the x-range: redraw
-    quiet = frame.empty and hist.empty and not len(new_alerts)
+    forecast = A.latest_forecast(alerts)
+    if forecast != state["forecast"] or len(new_alerts):
+        # a new alert adds its threshold and forecast lines (shapes) to the chart of its
+        # signal, a new forecast moves the x-range: redraw (alerts are rare, cooldowns apart)
+        out["redraw"] = True
+    quiet = frame.empty and hist.empty
     for name, plan in state["plans"].items():
         if quiet:                     # nothing new: the common tick, keep it cheap
             out["figures"][name] = None
             continue
         patch, plan = extend_patch(plan, scalars, last_step=last, smoothing=controls.smoothing,
                                    x_axis=controls.x_axis,
-                                   hist=hist if name == "heatmap" else None,
-                                   new_alerts=new_alerts if name == "entropy" else None)
+                                   hist=hist if name == "heatmap" else None)
         out["figures"][name] = patch
         state["plans"][name] = plan
     if not frame.empty:

@@ -169,15 +169,39 @@ def test_run_page_charts_hold_the_stored_points(served, page, tmp_path):
     wait_graph(page, "run-passk")
     p1 = graph_trace(page, "run-passk", "pass@1")
     assert np.allclose(p1["y"], [r["value"] for r in api_scalars(srv, "pass@1")])
-    markers = graph_trace(page, "run-entropy", "alerts", "alerts")
     import httpx
 
     alerts = httpx.get(f"{srv.url}/api/alerts", params={"run_id": RUN}).json()
-    assert alerts and sorted(markers["x"]) == sorted(a["step"] for a in alerts)
+    for graph in ("run-passk", "run-signals"):
+        wait_graph(page, graph)
+    # every alert is a marker on the chart of its signal (collapse: entropy, covariance: signals)
+    marked = page.evaluate("""() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+        .flatMap(gd => gd.data.filter(t => t.meta && t.meta.role === 'alerts'))
+        .flatMap(t => Array.from(t.x))""")
+    assert alerts and sorted(marked) == sorted(a["step"] for a in alerts)
     page.wait_for_selector("#run-banner .alert")
     page.wait_for_load_state("networkidle")
     time.sleep(0.5)                         # let plotly finish its last paint
     page.screenshot(path=str(shots_dir(tmp_path) / "run.png"), full_page=True)
+
+
+def test_collapse_alert_shows_its_threshold_and_forecast_on_the_entropy_chart(served, page):
+    import httpx
+
+    srv, _ = served
+    alerts = httpx.get(f"{srv.url}/api/alerts", params={"run_id": RUN}).json()
+    [collapse] = [a for a in alerts if a["detector"] == "entropy_collapse"][-1:]
+    page.goto(f"{srv.url}/run?run={RUN}")
+    wait_graph(page, "run-entropy")
+    shapes = page.evaluate("""() => document.querySelector('#run-entropy .js-plotly-plot')
+        ._fullLayout.shapes.map(s => ({x0: s.x0, x1: s.x1, y0: s.y0, y1: s.y1,
+                                       xref: s.xref, yref: s.yref, dash: s.line.dash}))""")
+    threshold = [s for s in shapes if s["yref"] == "y" and s["y0"] == s["y1"] and
+                 s["dash"] == "dash" and s["y0"] == pytest.approx(collapse["threshold"])]
+    assert threshold, shapes
+    assert any(s["x0"] == s["x1"] == collapse["forecast"] for s in shapes)
+    labels = page.evaluate("document.querySelector('#run-entropy').textContent")
+    assert f"entropy_collapse {collapse['severity']}: threshold" in labels
 
 
 def test_step_ingested_while_open_appears_within_2s(served, page):

@@ -1,4 +1,5 @@
-"""The dashboard's pure pieces: figure builders, the live Patch, token spans.
+"""The dashboard's pure pieces: figure builders, the live Patch, token spans (alerts drawn on
+their charts: test_alert_figures.py).
 
 Each test checks a figure against the DataFrame it was built from (or a hand computation),
 and every figure is validated by plotly's own go.Figure.
@@ -138,29 +139,6 @@ def test_wall_time_axis_uses_the_stored_times():
     assert fig["layout"]["xaxis"]["type"] == "date"
 
 
-def test_alert_markers_sit_on_the_entropy_curve_and_forecast_is_drawn_ahead():
-    scal = scalars_frame(300)
-    alerts = pd.DataFrame([
-        {"step": 40, "severity": "warning", "detector": "entropy_collapse",
-         "message": "falling", "action": "lower lr", "value": 0.5, "threshold": 0.1,
-         "forecast": 420},
-        {"step": 120, "severity": "critical", "detector": "fork_starvation",
-         "message": "few forks", "action": "raise clip-high", "value": 0.01,
-         "threshold": 0.05, "forecast": None}])
-    fig = R.entropy_figure(scal, alerts=alerts)
-    marks = trace_for(fig, "alerts", "alerts")
-    mean = scal[scal.key == "entropy/mean"].set_index("step")["value"]
-    assert marks["x"] == [40, 120]
-    assert marks["y"] == pytest.approx([mean[40], mean[120]])
-    assert "lower lr" in marks["hovertext"][0]
-    forecast = trace_for(fig, "forecast", "forecast")
-    assert forecast["x"] == [299, 420]                      # from the last point to ahead
-    assert any(s.get("x0") == 420 for s in fig["layout"]["shapes"])
-    # a forecast already behind the curve is not drawn
-    past = R.entropy_figure(scal, alerts=alerts.assign(forecast=[200, None]))
-    assert not [t for t in past["data"] if t["meta"].get("role") == "forecast"]
-
-
 def test_histogram_heatmap_shows_each_steps_share_per_bin():
     hist = pd.DataFrame({"step": [0, 0, 0, 5, 5, 5], "bin_lo": [0.0, 0.1, 1.0] * 2,
                          "bin_hi": [0.1, 1.0, 2.0] * 2, "count": [1, 1, 2, 6, 2, 0]})
@@ -224,7 +202,7 @@ def test_live_patch_appends_exactly_what_a_full_redraw_shows(smoothing):
                             x_axis="step")[0] is None
 
 
-def test_live_patch_extends_heatmap_and_alert_markers():
+def test_live_patch_extends_the_heatmap():
     edges = [0.0, 0.1, 1.0, 2.0]
     hist = pd.DataFrame({"step": np.repeat([0, 1, 2], 3), "bin_lo": edges[:-1] * 3,
                          "bin_hi": edges[1:] * 3, "count": [1, 1, 2, 3, 1, 0, 0, 0, 4]})
@@ -235,18 +213,6 @@ def test_live_patch_extends_heatmap_and_alert_markers():
     assert grown["data"][0]["x"] == [0, 1, 2]
     assert grown["data"][0]["z"][2] == pytest.approx([0.0, 0.0, 1.0])
     assert grown["data"][1]["y"] == R.entropy_heatmap(hist)["data"][1]["y"]
-    scal = scalars_frame(10)
-    fig = R.entropy_figure(scal[scal.step < 5])
-    alert = pd.DataFrame([{"step": 7, "severity": "critical", "detector": "d",
-                           "message": "m", "action": "a", "value": 0.1, "threshold": 0.2,
-                           "forecast": None}])
-    patch, _ = extend_patch(trace_plan(fig), scal, last_step=4, smoothing=0, x_axis="step",
-                            new_alerts=alert)
-    marks = trace_for(apply_patch(fig, patch), "alerts", "alerts")
-    assert marks["x"] == [7]
-    assert marks["y"] == pytest.approx([scal[(scal.key == "entropy/mean")
-                                             & (scal.step == 7)]["value"].iloc[0]])
-    assert marks["marker"]["symbol"] == ["x"]
 
 
 # ---------------------------------------------------------------- tokens
