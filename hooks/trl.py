@@ -255,6 +255,10 @@ class ForksightCallback(TrainerCallback):
                 self._group_scalars = None
             self.handle.flush(step, advantages=self._advantages)
             self._rows.next_step()
+        if self.sink is not None and self.sink.stop_on_alert:
+            # alerts are judged on the writer thread: without this wait a fast step could outrun the
+            # alert its predecessor raised, and where the run stops would depend on machine load
+            self.sink.await_alerts()
         if self.sink is not None and self.sink.should_stop and not self._stopped:
             self._stopped = True
             control.should_training_stop = True

@@ -189,7 +189,7 @@ class ForksightLogger:
         if self.settings["stop_on_alert"]:
             # alerts come back from the writer asynchronously: wait for this step's, so a critical
             # alert at step s always stops the run before step s+1 generates (ms per step)
-            self.sink.flush(timeout=30)
+            self.sink.await_alerts()
         self.overhead_s += time.perf_counter() - t0
 
     def should_stop(self) -> bool:

@@ -157,6 +157,10 @@ class HttpSink(_Sink):
     def log_histogram(self, step: int, key: str, counts, edges) -> None:
         self._append("histograms", [_histogram_item(step, key, counts, edges)], 1)
 
+    def await_alerts(self, timeout: float = 10.0) -> None:
+        """As _Sink.await_alerts, but a collector that is down costs one failed try, not `timeout`."""
+        self.flush(timeout=timeout, give_up_after_failures=1)
+
     def flush(self, timeout: float | None = 30.0, *, give_up_after_failures: int | None = None) -> bool:
         """True once everything logged so far is stored; False on timeout or if anything was refused
         (see `undelivered()`). give_up_after_failures: stop once that many retries failed and

@@ -134,6 +134,11 @@ class _Sink:
         """True once a critical alert arrived and stop_on_alert is set."""
         return self._stop
 
+    def await_alerts(self, timeout: float = 10.0) -> None:
+        """Wait (bounded) until everything logged so far is judged, so `should_stop` is exact: with
+        stop_on_alert, a critical alert raised by step s stops the run before step s+2 starts."""
+        self.flush(timeout=timeout)
+
     def _on_alerts(self, alerts: list[dict]) -> None:
         for alert in alerts:
             self.alerts.append(alert)
