@@ -134,6 +134,8 @@ TOKENS = Table("tokens", (
     Column("top1", pa.float32(), "largest probability"),
     Column("fork", pa.bool_(), "H >= the fork threshold"),
     Column("selected", pa.bool_(), "the loss trained on this token"),
+    Column("env", pa.bool_(), "environment text (a tool response, the next turn's header): shown in "
+           "place, never sampled from the policy nor scored"),
 ))
 
 SAMPLES = Table("samples", (

@@ -29,6 +29,7 @@ def token_title(row: dict) -> str:
         f"JS to group {_fmt(row.get('js'))}   log p {_fmt(row.get('logp'))}   p {_fmt(p)}",
         f"top-1 p {_fmt(row.get('top1'))}   fork {_fmt(row.get('fork'))}   "
         f"trained on {_fmt(row.get('selected'))}",
+        *(["environment text (tool output): not sampled from the policy, not scored"] if row.get("env") else []),
     ])
 
 
@@ -47,6 +48,8 @@ def token_spans(tokens: pd.DataFrame, metric: str = "entropy", scale: TokenScale
             classes.append("fork")
         if row.get("selected"):
             classes.append("sel")
+        if row.get("env"):       # a tool's or environment's text: shown in place, never scored
+            classes.append("env")
         text = row.get("token")
         spans.append(html.Span(
             children="∅" if text is None or text == "" else str(text),
@@ -107,4 +110,5 @@ def legend(scale: TokenScale) -> html.Div:
         html.Span("fork token (H ≥ threshold)", className="tok fork",
                   style={"marginLeft": "14px"}),
         html.Span("trained on", className="tok sel", style={"marginLeft": "10px"}),
+        html.Span("environment text", className="tok env", style={"marginLeft": "10px"}),
     ])

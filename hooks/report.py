@@ -107,6 +107,7 @@ class StepReporter:
                 cols[name] += [None if v is None or not m or math.isnan(v) else v for v, m in zip(values, model)]
             cols["fork"] += (fork_np[r, positions] & model).tolist()
             cols["selected"] += (sel_np[r, positions] & model).tolist() if sel_np is not None else [False] * n
+            cols["env"] += (~model).tolist()
         return dict(cols) if cols.get("pos") else None
 
     def _token_texts(self, ids: list[int]) -> list[str]:

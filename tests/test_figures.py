@@ -232,6 +232,17 @@ def test_token_spans_carry_text_marks_and_every_number():
     assert spans[0].style["backgroundColor"] != spans[2].style["backgroundColor"]
 
 
+def test_environment_text_is_marked_and_left_uncoloured():
+    # a tool response inside a completion: null statistics, env=True (what StepReporter stores)
+    tokens = pd.DataFrame({"pos": [0, 1, 2], "token": ["x", "<tool_response>", "y"],
+                           "entropy": [0.9, None, 0.4], "fork": [True, False, False],
+                           "selected": [False, False, True], "env": [False, True, False]})
+    spans = token_spans(tokens, "entropy")
+    assert [s.className for s in spans] == ["tok fork", "tok env", "tok sel"]
+    assert "environment text" in spans[1].title and "environment text" not in spans[0].title
+    assert spans[1].style["backgroundColor"] == "transparent"   # no number, no colour
+
+
 def test_pick_sample_lowest_and_highest_reward_of_a_group():
     samples = pd.DataFrame({"sample_id": [0, 1, 2, 3], "group_id": [0, 0, 0, 1],
                             "reward": [0.5, 0.0, 1.0, 0.2]})

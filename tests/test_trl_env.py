@@ -109,6 +109,8 @@ def test_tool_spans_are_stored_as_environment_text_with_null_statistics(tool_run
         assert "<tool_response>" in text and "12" in text and "Done!" in text
         env = tokens[tokens.entropy.isna()]
         model = tokens[tokens.entropy.notna()]
+        # marked as environment text, exactly the rows TRL's tool_mask leaves out of its entropy
+        assert env.env.all() and not model.env.any()
         assert "".join(env.token).count("<tool_response>") == 2  # one per tool call of the group
         assert env[["logp", "renyi2", "js", "top1"]].isna().all().all()
         assert not env.fork.any() and not env.selected.any()
