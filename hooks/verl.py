@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from forksight.hooks.verl_install import STATE, check_version, verl_version
+from forksight.hooks.verl_state import STATE, check_version, verl_version
 
 log = logging.getLogger("forksight.verl")
 

@@ -3,12 +3,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING
 
+from forksight.monitor.alert_config import CollapseConfig, CovarianceConfig
 from forksight.monitor.detector_base import _TINY, Baseline, DebiasedEMA, Detector, Gate, RollingOLS, Tiers
-
-if TYPE_CHECKING:
-    from forksight.monitor.alerts import CollapseConfig, CovarianceConfig
 
 # ---------------------------------------------------------------------------- actions
 ACTION_COLLAPSE = ("Act before exploration is gone: raise clip-high (DAPO ε_high ≈ 0.28), add or raise an "

@@ -6,12 +6,11 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
-if TYPE_CHECKING:  # configs live in monitor/alerts.py, which imports the detectors
-    from forksight.monitor.alerts import DetectorConfig
+from forksight.monitor.alert_config import DetectorConfig
 
 Severity = Literal["warning", "critical"]
 _TINY = 1e-12  # floor under log(entropy): a fully collapsed step must not give log(0)

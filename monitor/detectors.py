@@ -1,18 +1,15 @@
 """The detectors behind forksight's alerts, one class per way a run goes wrong; shared state in
-detector_base.py, collapse and covariance in collapse.py, configs in alerts.py (ALGORITHMS.md §3, §6, §9).
+detector_base.py, collapse and covariance in collapse.py, configs in alert_config.py (ALGORITHMS.md §3, §6, §9).
 """
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
+from forksight.monitor.alert_config import (DiversityConfig, ExplosionConfig, ForkConfig, NonFiniteConfig,
+                                            StagnationConfig)
 from forksight.monitor.collapse import ACTION_COLLAPSE, ACTION_COVARIANCE, CollapseDetector, CovarianceDetector
 from forksight.monitor.detector_base import (Alert, Baseline, DebiasedEMA, Detector, Gate, RollingOLS, Severity,
                                              Tiers, signal_of)
-
-if TYPE_CHECKING:
-    from forksight.monitor.alerts import (DiversityConfig, ExplosionConfig, ForkConfig, NonFiniteConfig,
-                                          StagnationConfig)
 
 __all__ = ["Alert", "Baseline", "DebiasedEMA", "Detector", "Gate", "RollingOLS", "Severity", "Tiers",
            "CollapseDetector", "CovarianceDetector", "ExplosionDetector", "DiversityDetector", "ForkDetector",

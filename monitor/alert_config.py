@@ -1,0 +1,132 @@
+"""The detectors' settings as pydantic models, every field with its why (AlertConfig holds them all).
+
+Its own module so the detectors can use the configs at run time without importing alerts.py,
+which imports the detectors."""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class DetectorConfig(BaseModel):
+    """Knobs every detector has."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(True, description="run this detector at all")
+    warmup_steps: int = Field(10, ge=0, description="steps observed before this detector may fire (early steps are noisy)")
+    smoothing: float = Field(0.9, ge=0.0, lt=1.0, description="EMA factor β of the debiased EMA ema/(1-β^n) applied to the statistic; 0 = raw values")
+    cooldown: int = Field(50, ge=0, description="minimum steps between two alerts of this detector at the same severity")
+    persist: int = Field(1, ge=1, description="the condition must hold this many consecutive steps before it fires (noise rarely persists)")
+    hysteresis: float = Field(0.2, ge=0.0, le=1.0, description="re-arm only once the value is back past the threshold by this fraction of it")
+    baseline_steps: int = Field(10, ge=1, description="the first N observed values average into the run's early baseline")
+
+
+class CollapseConfig(DetectorConfig):
+    """Entropy collapse: an absolute/relative floor, a drop warning, and the log-linear forecast."""
+
+    key: str = Field("entropy/mean", description="scalar holding the mean token entropy (nats)")
+    persist: int = Field(5, ge=1, description="a forecast or drop must hold this many consecutive steps (a noisy dip does not)")
+    floor: float = Field(0.05, ge=0.0, description="absolute entropy floor (nats); below it = collapsed (critical)")
+    drop_fraction: float = Field(0.9, gt=0.0, lt=1.0, description="also collapsed once entropy has fallen by this fraction of its baseline; the effective floor is the larger of the two")
+    warn_drop_fraction: float = Field(0.75, gt=0.0, lt=1.0, description="warn once entropy has fallen by this fraction of its baseline, forecast or not")
+    forecast: bool = Field(True, description="fit log(entropy) over a recent window (exponential decay) and warn before the floor is reached")
+    forecast_window: int = Field(20, ge=5, description="steps in the log-linear fit")
+    forecast_smoothing: float = Field(0.7, ge=0.0, lt=1.0, description="lighter EMA β for the fitted series: less lag than `smoothing`, so the fitted rate follows a fresh decay")
+    forecast_horizon: int = Field(150, ge=1, description="warn when the fitted decay reaches the floor within this many steps")
+    forecast_min_drop: float = Field(0.25, ge=0.0, lt=1.0, description="forecast only once the lightly smoothed entropy is this fraction below baseline (quiet on flat noisy runs)")
+    forecast_min_r2: float = Field(0.75, ge=0.0, le=1.0, description="the log-linear fit must explain this share of the variance")
+    accel_min_drop: float = Field(0.02, gt=0.0, lt=1.0, description="points enter the accelerating-decay fit log(log(baseline/H)) once H is this fraction below baseline")
+    accel_gate_drop: float = Field(0.05, ge=0.0, lt=1.0, description="the accelerating-decay forecast may warn once the lightly smoothed entropy is this fraction below baseline")
+    accel_min_points: int = Field(6, ge=3, description="points the accelerating-decay fit needs before it may forecast")
+    accel_residual_ratio: float = Field(0.5, gt=0.0, le=1.0, description="the accelerating fit's unexplained variance must be at most this share of a plain exponential's on the same steps")
+    accel_min_r2: float = Field(0.9, ge=0.0, le=1.0, description="the accelerating-decay fit must explain this share of the variance (a noisy dip does not)")
+    reward_key: str = Field("reward/mean", description="reward scalar for the R = -a·exp(H) + b ceiling shown in the message")
+
+
+class CovarianceConfig(DetectorConfig):
+    """Early warning from the mechanism: Cov(log π, A) staying positive (ALGORITHMS.md §6)."""
+
+    # Cov(log π, A) is positive on nearly every step of a healthy GRPO run too (measured on the
+    # bundled trainer), so it only warns together with an entropy that is already falling.
+    key: str = Field("cov/logp_adv", description="scalar holding Cov(log π(y), A) over tokens")
+    cooldown: int = Field(100, ge=0, description="minimum steps between two covariance warnings")
+    persist: int = Field(3, ge=1, description="the covariance condition must hold this many consecutive steps")
+    window: int = Field(10, ge=3, description="steps the covariance must stay positive over")
+    min_positive_fraction: float = Field(0.8, gt=0.5, le=1.0, description="share of the window's steps with positive covariance")
+    min_t: float = Field(3.0, ge=0.0, description="the window mean must be this many standard errors above 0")
+    min_entropy_drop: float = Field(0.25, ge=0.0, lt=1.0, description="and smoothed entropy must already be this fraction below its baseline (0 = covariance alone)")
+    min_recent_fall: float = Field(0.1, ge=0.0, lt=1.0, description="and smoothed entropy must have fallen this fraction over the window (still falling, not settled lower)")
+    entropy_key: str = Field("entropy/mean", description="entropy scalar for the min_entropy_drop guard")
+
+
+class ExplosionConfig(DetectorConfig):
+    """Entropy or Rényi-2 rising past a ceiling set by the run's own baseline; worse with falling reward or growing length."""
+
+    persist: int = Field(5, ge=1, description="the rise must hold this many consecutive steps (a noisy spike does not)")
+
+    entropy_key: str = Field("entropy/mean", description="Shannon entropy scalar (nats)")
+    renyi2_key: str = Field("renyi2/mean", description="Rényi-2 entropy scalar (nats)")
+    reward_key: str = Field("reward/mean", description="reward scalar; a falling reward raises the severity")
+    length_key: str = Field("length/mean", description="completion length scalar; growing length raises the severity")
+    rise_ratio: float = Field(1.5, gt=1.0, description="ceiling = baseline × rise_ratio (and at least baseline + min_rise)")
+    min_rise: float = Field(0.3, ge=0.0, description="smallest rise in nats that counts, so a tiny baseline cannot trip it")
+    logv_fraction: float = Field(0.6, gt=0.0, le=1.0, description="lowers the ceiling to this fraction of log|V| (needs the vocabulary size), never below baseline + min_rise")
+    early_rise_ratio: float = Field(1.25, gt=1.0, description="warn already at baseline × this (at least + early_min_rise) when the value is climbing and reward falls or length grows")
+    early_min_rise: float = Field(0.1, ge=0.0, description="smallest rise in nats for that early warning")
+    trend_window: int = Field(20, ge=5, description="steps in the fitted trend: a warning without falling reward or growing length needs the smoothed value still climbing")
+    trend_min_r2: float = Field(0.5, ge=0.0, le=1.0, description="the climb's linear fit must explain this share of the variance")
+    reward_drop: float = Field(0.05, ge=0.0, description="reward counts as falling once its EMA is this far below its best EMA")
+    length_growth: float = Field(0.3, ge=0.0, description="length counts as growing once its EMA exceeds baseline × (1 + this)")
+
+
+class DiversityConfig(DetectorConfig):
+    """Lost diversity: pass@G − pass@1 shrinking, zero-variance groups rising."""
+
+    pass1_target: float = Field(0.95, gt=0.0, le=1.0, description="only alert while smoothed pass@1 is below this (solving everything is not a loss)")
+    min_baseline_gap: float = Field(0.05, ge=0.0, description="pass@G − pass@1 at baseline must be at least this, else there was no diversity to lose")
+    gap_floor: float = Field(0.02, ge=0.0, description="alert when the smoothed gap pass@G − pass@1 falls below this ...")
+    gap_fraction: float = Field(0.25, ge=0.0, le=1.0, description="... or below this fraction of its baseline (the larger wins)")
+    max_pass1_drop: float = Field(0.5, gt=0.0, le=1.0, description="stay quiet once smoothed pass@1 has fallen by this fraction of its baseline: groups that agree because everything fails lack reward, not diversity")
+    zero_var_key: str = Field("groups/zero_var_frac", description="scalar: fraction of groups whose rewards are all equal")
+    zero_var_ceiling: float = Field(0.6, ge=0.0, le=1.0, description="alert when that fraction's EMA exceeds this ...")
+    zero_var_rise: float = Field(0.25, ge=0.0, le=1.0, description="... and has risen this much above its baseline")
+
+
+class ForkConfig(DetectorConfig):
+    """Fork-token starvation: too few tokens with H ≥ 0.672."""
+
+    keys: list[str] = Field(["fork/frac", "fork/frac_above_0.672"], description="scalar(s) holding the fraction of tokens with H ≥ 0.672; the first present is used")
+    floor: float = Field(0.05, ge=0.0, le=1.0, description="warn below this fraction of fork tokens")
+    critical_floor: float = Field(0.01, ge=0.0, le=1.0, description="critical below this fraction")
+    max_baseline_fraction: float = Field(0.5, gt=0.0, le=1.0, description="and only once the fraction is at most this share of its baseline (1 = floor alone)")
+
+
+class StagnationConfig(DetectorConfig):
+    """Reward plateau over a window while pass@1 is below target."""
+
+    reward_key: str = Field("reward/mean", description="reward scalar whose plateau is detected")
+    pass1_key: str = Field("pass@1", description="pass@1 scalar compared with the target (reward when absent)")
+    cooldown: int = Field(200, ge=0, description="minimum steps between two stagnation warnings")
+    window: int = Field(100, ge=10, description="steps in the reward trend fit")
+    min_improvement: float = Field(0.02, description="plateau: the fitted reward gain over the window is below this")
+    pass1_target: float = Field(0.9, description="only alert while smoothed pass@1 (or reward) is below this")
+    confidence_z: float = Field(1.64, ge=0.0, description="plateau only when gain + z·(its standard error) is below min_improvement (0 = the point estimate alone)")
+
+
+class NonFiniteConfig(DetectorConfig):
+    """NaN or ±inf in any statistic."""
+
+    warmup_steps: int = Field(0, ge=0, description="NaN/inf is never normal: no warm-up")
+    cooldown: int = Field(10, ge=0, description="minimum steps between two non-finite alerts")
+
+
+class AlertConfig(BaseModel):
+    """Every detector's settings; the defaults are meant to be quiet on healthy runs."""
+
+    model_config = ConfigDict(extra="forbid")
+    collapse: CollapseConfig = Field(default_factory=CollapseConfig, description="entropy collapse: floor, drop from baseline, forecast of the crossing")
+    covariance: CovarianceConfig = Field(default_factory=CovarianceConfig, description="early warning: sustained positive Cov(log π, A)")
+    explosion: ExplosionConfig = Field(default_factory=ExplosionConfig, description="entropy / Rényi-2 rising past a ceiling")
+    diversity: DiversityConfig = Field(default_factory=DiversityConfig, description="pass@G − pass@1 shrinking, zero-variance groups rising")
+    fork: ForkConfig = Field(default_factory=ForkConfig, description="fraction of fork tokens (H ≥ 0.672) below a floor")
+    stagnation: StagnationConfig = Field(default_factory=StagnationConfig, description="reward plateau while pass@1 is below target")
+    non_finite: NonFiniteConfig = Field(default_factory=NonFiniteConfig, description="NaN or ±inf statistics")
