@@ -182,7 +182,7 @@ def bench_http_eight(url: str, batches: int = 8, rows: int = 16_384) -> dict:
 # ---------------------------------------------------------------------------- TensorBoard
 def step_data(rng) -> tuple[dict, np.ndarray, np.ndarray]:
     keys = ["entropy/mean", "entropy/p20", "entropy/p50", "entropy/p80", "entropy/p95", "renyi2/mean",
-            "js/mean", "top1/mean", "fork/frac", "fork/threshold", "selected/frac", "cov/logp_adv",
+            "js/mean", "top1/mean", "fork/frac", "selected/threshold", "selected/frac", "cov/logp_adv",
             "reward/mean", "reward/std", "pass@1", "pass@8", "loss", "kl", "grad_norm", "lr"]
     edges = np.linspace(0, 12, 121)
     return {k: float(rng.random()) for k in keys}, rng.integers(0, 1000, 120).astype(np.float64), edges

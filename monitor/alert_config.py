@@ -94,7 +94,7 @@ class DiversityConfig(DetectorConfig):
 class ForkConfig(DetectorConfig):
     """Fork-token starvation: too few tokens with H ≥ 0.672."""
 
-    keys: list[str] = Field(["fork/frac", "fork/frac_above_0.672"], description="scalar(s) holding the fraction of tokens with H ≥ 0.672; the first present is used")
+    keys: list[str] = Field(["fork/frac"], description="scalar(s) holding the fraction of tokens with H ≥ 0.672; the first present is used")
     floor: float = Field(0.05, ge=0.0, le=1.0, description="warn below this fraction of fork tokens")
     critical_floor: float = Field(0.01, ge=0.0, le=1.0, description="critical below this fraction")
     max_baseline_fraction: float = Field(0.5, gt=0.0, le=1.0, description="and only once the fraction is at most this share of its baseline (1 = floor alone)")
