@@ -52,3 +52,12 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def http(srv):
+    """An HTTP client on the module's `srv` collector (each module defines `srv`)."""
+    import httpx
+
+    with httpx.Client(base_url=srv.url, timeout=60) as client:
+        yield client

@@ -25,11 +25,6 @@ def srv(tmp_path_factory):
         yield server
 
 
-@pytest.fixture(scope="module")
-def http(srv):
-    with httpx.Client(base_url=srv.url, timeout=60) as client:
-        yield client
-
 
 def _run_names(http) -> list[str]:
     return sorted(r["name"] for r in http.get("/api/runs").json())

@@ -26,11 +26,6 @@ def srv(tmp_path_factory):
         yield server
 
 
-@pytest.fixture(scope="module")
-def http(srv):
-    with httpx.Client(base_url=srv.url, timeout=60) as client:
-        yield client
-
 
 def _run(http, name: str) -> str:
     resp = http.post("/api/runs", json={"name": name})

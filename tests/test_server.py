@@ -34,11 +34,6 @@ def srv(tmp_path_factory):
         yield server
 
 
-@pytest.fixture(scope="module")
-def http(srv):
-    with httpx.Client(base_url=srv.url, timeout=30) as client:
-        yield client
-
 
 def _run(http, name="r") -> str:
     return create_run(http, name, config={"vocab_size": 311})
