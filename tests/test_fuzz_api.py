@@ -145,7 +145,7 @@ def test_every_openapi_operation_answers_without_a_5xx_and_refusals_store_nothin
         request = _prepare(case)
         before = fingerprint(api.store)
         resp = api.client.request(request.method, request.url, headers=dict(request.headers), content=request.body)
-        what = f"{request.method} {request.url}"
+        what = f"{request.method} {request.url} {(request.body or b'')[:300]!r}"
         check_answer(resp, what)
         seen.add((case.operation.method.upper(), case.operation.path))
         after = fingerprint(api.store)
@@ -171,7 +171,7 @@ def _post_json(api, run: str, body: bytes):
 def test_a_valid_json_batch_is_stored_exactly_once(api, batch):
     run = api.new_run()
     resp = _post_json(api, run, json_body(batch))
-    check_answer(resp)
+    check_answer(resp, repr(json_body(batch)[:300]))
     assert resp.status_code == 200, resp.text
     assert data_rows(api.store, run) == expected_rows(batch) == resp.json()["rows"]
     stored = api.store.call(lambda cur: cur.execute(
@@ -188,7 +188,7 @@ def test_a_batch_with_one_invalid_field_is_refused_whole(api, batch):
     run = api.new_run()
     before = fingerprint(api.store)
     resp = _post_json(api, run, json_body(batch))
-    check_answer(resp)
+    check_answer(resp, repr(json_body(batch)[:300]))
     assert 400 <= resp.status_code < 500, f"accepted: {json_body(batch)[:300]!r}"
     assert run_rows(api.store, run) == {} and fingerprint(api.store) == before
 
@@ -220,7 +220,7 @@ def test_a_run_body_is_refused_whole_or_stored_exactly(api, create, update):
     body, valid = create
     before = fingerprint(api.store)
     resp = api.client.post("/api/runs", content=json_body(body), headers=JSON)
-    check_answer(resp)
+    check_answer(resp, repr(body)[:500])
     if valid:
         assert resp.status_code == 201, resp.text
         run = resp.json()["run_id"]
@@ -232,7 +232,7 @@ def test_a_run_body_is_refused_whole_or_stored_exactly(api, create, update):
     body, valid = update
     stored, before = _run_fields(api, run), fingerprint(api.store)
     resp = api.client.patch(f"/api/runs/{run}", content=json_body(body), headers=JSON)
-    check_answer(resp)
+    check_answer(resp, repr(body)[:500])
     if valid:
         assert resp.status_code == 200, resp.text
         assert _run_fields(api, run) == {**stored, **{k: v for k, v in body.items() if v is not None}}
@@ -258,7 +258,7 @@ def test_a_valid_arrow_body_is_stored_exactly(api, sent, rank):
     table, body = sent
     run = api.new_run()
     resp = _post_arrow(api, run, body, rank)
-    check_answer(resp)
+    check_answer(resp, repr(body[:300]))
     assert resp.status_code == 200, resp.text
     assert data_rows(api.store, run) == ({"tokens": table.num_rows} if table.num_rows else {})
     keys = zip(*(table[c].to_pylist() for c in ("step", "sample_id", "pos")))
@@ -272,7 +272,7 @@ def test_a_hostile_arrow_body_is_refused_whole_or_stored_whole(api, sent, rank):
     run = api.new_run()
     before = fingerprint(api.store)
     resp = _post_arrow(api, run, body, rank)
-    check_answer(resp)
+    check_answer(resp, repr(body[:300]))
     if resp.status_code >= 400:
         assert run_rows(api.store, run) == {} and fingerprint(api.store) == before
         return
@@ -460,10 +460,10 @@ def test_a_real_server_survives_a_short_fuzz_pass(tmp_path, api):
             url = request.url.replace(BASE, srv.url, 1)
             before = http.get("/api/runs/seed/counts").json()
             resp = http.request(request.method, url, headers=dict(request.headers), content=request.body)
-            check_answer(resp, f"{request.method} {url}")
+            check_answer(resp, f"{request.method} {url} {(request.body or b'')[:300]!r}")
             tokens = http.post("/api/runs/seed/tokens", content=arrow[1], headers=ARROW,
                                params={"batch_id": f"r{next(_ids)}"})
-            check_answer(tokens, "hostile Arrow body")
+            check_answer(tokens, f"Arrow body {arrow[1][:400]!r}")
             if resp.status_code >= 300 and tokens.status_code >= 300:
                 assert http.get("/api/runs/seed/counts").json() == before
 
