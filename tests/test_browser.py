@@ -337,7 +337,9 @@ def _step_json(step: int, batch_id: str) -> dict:
     from synthetic import step_records
 
     rec = step_records(np.random.default_rng(step), step, step + 10, collapse=False)
-    tokens = {k: v for k, v in rec.tokens.to_pydict().items() if k not in ("rank", "step")}
+    # a JSON producer leaves out the columns it has no values for (here: env)
+    tokens = {k: v for k, v in rec.tokens.to_pydict().items()
+              if k not in ("rank", "step") and any(x is not None for x in v)}
     samples = [{k: v for k, v in r.items() if k != "rank"} for r in rec.samples.to_pylist()]
     scalars = [{k: r[k] for k in ("step", "key", "value")} for r in rec.scalars.to_pylist()]
     return {"batch_id": batch_id, "scalars": scalars, "samples": samples,
