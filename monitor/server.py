@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from forksight.limits import BATCH_ID_RE, MAX_RANK, limits
@@ -107,7 +108,9 @@ def create_api(store: Store, *, hub=None) -> FastAPI:
     async def ingest(run_id: str, request: Request) -> dict:
         """One JSON batch (scalars, samples, histograms, tokens); idempotent by batch_id."""
         require_run(ingester, run_id)
-        records, batch_id = json_records(await request.body())   # size: the guard caps it
+        # validation and Arrow building are CPU work: off the event loop, so other requests
+        # (health checks, the dashboard) keep being answered while a large batch is checked
+        records, batch_id = await run_in_threadpool(json_records, await request.body())  # the guard caps the size
         return await ingest_impl(ingester, run_id, records, batch_id)
 
     @app.post("/api/runs/{run_id}/tokens",
@@ -121,7 +124,8 @@ def create_api(store: Store, *, hub=None) -> FastAPI:
             raise ApiError(422, "batch_id: must match [A-Za-z0-9._-]{1,64}")
         require_run(ingester, run_id)
         body = await request.body()              # size: the guard caps it
-        return await ingest_impl(ingester, run_id, parse_arrow_tokens(body, rank), batch_id)
+        records = await run_in_threadpool(parse_arrow_tokens, body, rank)   # decode, check, hash: off the loop
+        return await ingest_impl(ingester, run_id, records, batch_id)
 
     @app.get("/api/runs/{run_id}/export", response_class=FileResponse)
     def export(run_id: str):
