@@ -158,7 +158,10 @@ class HttpSink(_Sink):
         self._append("histograms", [_histogram_item(step, key, counts, edges)], 1)
 
     def await_alerts(self, timeout: float = 10.0) -> None:
-        """As _Sink.await_alerts, but a collector that is down costs one failed try, not `timeout`."""
+        """As _Sink.await_alerts, but a collector known to be down (backing off) costs nothing, and
+        one that goes down while waiting costs one failed try, not `timeout`."""
+        if time.monotonic() < self._next_try:
+            return
         self.flush(timeout=timeout, give_up_after_failures=1)
 
     def flush(self, timeout: float | None = 30.0, *, give_up_after_failures: int | None = None) -> bool:
@@ -344,7 +347,7 @@ class HttpSink(_Sink):
         delay = 0.1
         for attempt in range(max(1, retries)):
             try:
-                resp = self._http_send(item)
+                resp = self._request(item)
             except httpx.TransportError:
                 resp = None
             if resp is not None and resp.status_code < 400:
@@ -382,9 +385,6 @@ class HttpSink(_Sink):
         with self._lock:
             self._refused.update(item.tables())
         item.done = True
-
-    def _http_send(self, item: _Item):
-        return self._request(item)
 
     def _recreate_run(self) -> bool:
         import httpx

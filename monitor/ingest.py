@@ -278,8 +278,8 @@ def parse_arrow_tokens(body: bytes, rank: int) -> Records:
 
 
 async def ingest_impl(ingest: Ingest, run_id: str, records: Records, batch_id: str) -> dict:
-    """Store one batch (once per batch id) and return what happened, with any alerts."""
-    require_run(ingest, run_id)
+    """Store one batch (once per batch id) and return what happened, with any alerts. The route
+    has checked the run (require_run) before reading the body."""
     try:
         result = await asyncio.wrap_future(ingest.write(run_id, records, batch_id))
     except BatchConflict as exc:

@@ -49,10 +49,7 @@ def read_routes(reader, has_run: Callable[[str], bool]) -> APIRouter:
 
     @router.get("/api/runs/{run_id}")
     def get_run(run_id: Run) -> dict:
-        run = reader.run(run_id)
-        if run is None:
-            raise ApiError(404, f"unknown run {run_id!r}: see GET /api/runs")
-        return {k: (None if _isna(v) else v) for k, v in run.items()}
+        return {k: (None if _isna(v) else v) for k, v in reader.run(run_id).items()}   # Run: it exists
 
     @router.get("/api/runs/{run_id}/scalar_keys")
     def scalar_keys(run_id: Run) -> list[str]:
