@@ -13,7 +13,6 @@ import torch
 
 from forksight.constants import FORK_ENTROPY
 from forksight.hooks import metrics
-from forksight.hooks.summary import group_scalars  # noqa: F401 - its public home before the split
 
 
 def _np(x: Any) -> np.ndarray:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from forksight.hooks.report import StepReporter, group_scalars
+from forksight.hooks.metrics import group_scalars
+from forksight.hooks.report import StepReporter
 from forksight.hooks import metrics
 from forksight.monitor.client import open_sink
 from forksight.monitor.store import Store
