@@ -7,33 +7,28 @@ from __future__ import annotations
 # closure: it is looked up on `flask.current_app` per request.
 
 import threading
-from collections import OrderedDict
 from typing import Any, Callable
 
+import cachetools
 import flask
 
 CONFIG_KEY = "FORKSIGHT_DASH_STATE"
 
 
 class LRU:
-    """A small thread-safe least-recently-used map (callbacks run on several threads)."""
+    """A thread-safe least-recently-used map (callbacks run on several threads): cachetools'
+    LRUCache behind a lock."""
 
     def __init__(self, size: int):
-        self.size, self._items, self._lock = size, OrderedDict(), threading.Lock()
+        self._items, self._lock = cachetools.LRUCache(maxsize=size), threading.Lock()
 
     def get(self, key: Any) -> Any:
         with self._lock:
-            if key not in self._items:
-                return None
-            self._items.move_to_end(key)
-            return self._items[key]
+            return self._items.get(key)      # a hit counts as a use
 
     def put(self, key: Any, value: Any) -> None:
         with self._lock:
             self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
 
     def get_or_compute(self, key: Any, compute: Callable[[], Any]) -> Any:
         """The cached value, else compute() stored (two threads may both compute: harmless)."""
