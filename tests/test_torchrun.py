@@ -29,7 +29,8 @@ def test_two_ranks_stream_into_one_merged_run(tmp_path, collector):
         "--standalone", "--nproc_per_node=2", "-m", "forksight", "--", "train",
         "--preset", "tiny-test", "--strategy", "fork", "--steps", "2", "--url", collector.url,
         "--run", "ddp", "--out-dir", str(tmp_path / "runs")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # unbuffered, as in many CI images: each rank's summary must still arrive as one whole line
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400, env=env)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
     summaries = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]

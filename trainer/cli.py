@@ -68,8 +68,14 @@ def run(args: argparse.Namespace) -> int:
 
     result = train(config)
     if result.steps is not None:
-        print(json.dumps({"run_id": result.run_id, "steps": result.steps,
-                          "stopped_early": result.stopped_early, "seconds": result.seconds,
-                          "final": {k: round(v, 5) for k, v in result.final.items()},
-                          "eval": result.eval, "checkpoint": result.checkpoint}))
+        line = json.dumps({"run_id": result.run_id, "steps": result.steps,
+                           "stopped_early": result.stopped_early, "seconds": result.seconds,
+                           "final": {k: round(v, 5) for k, v in result.final.items()},
+                           "eval": result.eval, "checkpoint": result.checkpoint})
+        # One write of the whole line: under torchrun every rank shares this pipe, and with
+        # PYTHONUNBUFFERED print() would write the text and its newline separately, letting
+        # another rank's line land between them.
+        sys.stdout.flush()
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
     return 0
