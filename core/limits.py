@@ -3,6 +3,7 @@ request that breaks one is refused whole with a 4xx naming the field; producers 
 batches from the same numbers."""
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -37,6 +38,32 @@ def slug_run_name(text: str) -> str:
     """The nearest valid run id: runs of other characters become '-' (e.g. an output dir path)."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-._")[:128]
     return slug or "run"
+
+
+def config_problem(value: Any) -> str | None:
+    """What keeps `value` from being a run config the API can store and serve back, or None:
+    plain JSON with finite numbers, valid Unicode text (a lone surrogate cannot be sent back),
+    bounded size and nesting. The write rule, and the read side's test for configs stored
+    before the rule existed."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:       # UnicodeEncodeError is a ValueError
+        return f"config must be plain JSON with finite numbers and valid Unicode text ({exc})"
+    if len(text) > MAX_CONFIG_CHARS:
+        return f"config is {len(text)} chars serialised; the limit is {MAX_CONFIG_CHARS}"
+    if (depth := _depth(value)) > MAX_CONFIG_DEPTH:
+        return f"config nests {depth} levels deep; the limit is {MAX_CONFIG_DEPTH}"
+    return None
+
+
+def _depth(value: Any) -> int:
+    """Levels of nested objects and arrays (a flat object is 1), counted without recursion."""
+    depth, level = 0, [value]
+    while level := [node for node in level if isinstance(node, (dict, list))]:
+        depth += 1
+        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)]
+    return depth
 
 
 def limits() -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from forksight.limits import config_problem
 from forksight.tables import ALERTS, DATA_TABLES, SAMPLES, TOKENS
 
 if TYPE_CHECKING:                      # pandas loads with the first read, not in every producer
@@ -76,6 +77,10 @@ class Reader:
         out = row.iloc[0].to_dict()
         config = out.get("config")          # a missing config reads as NaN in pandas' str column
         out["config"] = json.loads(config) if isinstance(config, str) and config else None
+        if out["config"] is not None and (problem := config_problem(out["config"])):
+            # stored before the write rule existed: serve the stored (ASCII) JSON text instead
+            out.update(config=None, config_error=f"{problem}; the stored text is in config_text",
+                       config_text=config)
         return out
 
     def has_run(self, run_id: str) -> bool:

@@ -3,14 +3,14 @@ and limits from forksight.limits: strict types, finite numbers, bounded strings 
 request that breaks one is refused whole with a 4xx naming the field."""
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from forksight.limits import (
-    BATCH_ID_PATTERN, MAX_BINS, MAX_CONFIG_CHARS, MAX_CONFIG_DEPTH, MAX_HISTOGRAMS, MAX_RANK, MAX_SAMPLE_ROWS,
+    BATCH_ID_PATTERN, MAX_BINS, MAX_HISTOGRAMS, MAX_RANK, MAX_SAMPLE_ROWS,
     MAX_SCALAR_ROWS, MAX_SHORT_CHARS, MAX_TOKEN_BLOCKS, MAX_TOKEN_ROWS, RUN_ID_PATTERN,
+    config_problem,
 )
 from forksight.tables import HISTOGRAMS, SAMPLES, SCALARS, TOKEN_COLUMNS, Table
 
@@ -46,29 +46,10 @@ class _RunMeta(_Strict):
     @field_validator("config")
     @classmethod
     def _config_json(cls, value: dict | None) -> dict | None:
-        # one rule for POST and PATCH: plain JSON, finite numbers, bounded size and nesting, and
-        # text the answer can carry (a lone surrogate or 200 levels made GET /api/runs/{id} a 500)
-        if value is not None:
-            try:
-                text = json.dumps(value, allow_nan=False)
-                json.dumps(value, ensure_ascii=False).encode("utf-8")
-            except ValueError as exc:       # UnicodeEncodeError is one
-                raise ValueError(f"config must be plain JSON with finite numbers and valid Unicode text "
-                                 f"({exc})") from None
-            if len(text) > MAX_CONFIG_CHARS:
-                raise ValueError(f"config is {len(text)} chars serialised; the limit is {MAX_CONFIG_CHARS}")
-            if (depth := _depth(value)) > MAX_CONFIG_DEPTH:
-                raise ValueError(f"config nests {depth} levels deep; the limit is {MAX_CONFIG_DEPTH}")
+        # one rule for POST and PATCH (a lone surrogate or 200 levels made GET /api/runs/{id} a 500)
+        if value is not None and (problem := config_problem(value)):
+            raise ValueError(problem)
         return value
-
-
-def _depth(value: Any) -> int:
-    """Levels of nested objects and arrays (a flat object is 1), counted without recursion."""
-    depth, level = 0, [value]
-    while level := [node for node in level if isinstance(node, (dict, list))]:
-        depth += 1
-        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)]
-    return depth
 
 
 class RunCreate(_RunMeta):

@@ -9,6 +9,7 @@ Budget: CI runs a fixed, derandomized set of examples (well under a minute);
 FORKSIGHT_FUZZ_SCALE=20 runs 20x as many with fresh seeds (tests/fuzz_util.py)."""
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import socket
@@ -211,6 +212,25 @@ def test_a_run_without_a_config_reads_back_while_another_run_has_one(api):
     configured = api.client.post("/api/runs", json={"name": "configured", "config": {"lr": 0.1}}).json()["run_id"]
     assert _run_fields(api, plain)["config"] is None
     assert _run_fields(api, configured)["config"] == {"lr": 0.1}
+
+
+@pytest.mark.parametrize("config, problem", [
+    ({"note": "\ud800"}, "valid Unicode"),
+    ({"deep": functools.reduce(lambda inner, _: [inner], range(200), 0)}, "nests 201 levels"),
+])
+def test_a_config_stored_before_the_write_rule_is_served_as_its_text(api, config, problem):
+    # files written before the config rule can hold a config the API cannot send back as JSON:
+    # the run still reads (no 500), the config comes back as the stored text with the reason
+    run = api.store.create_run(f"old{next(_ids)}", config=config)     # the store itself, no rule
+    fields = api.client.get(f"/api/runs/{run}")
+    check_answer(fields, "old config")
+    assert fields.status_code == 200
+    body = fields.json()
+    assert body["config"] is None and problem in body["config_error"]
+    assert json.loads(body["config_text"]) == config
+    # and the write rule refuses the same config through the API
+    refused = api.client.post("/api/runs", content=json_body({"name": "again2", "config": config}), headers=JSON)
+    assert refused.status_code == 422 and problem in refused.text
 
 
 @budget(60)
