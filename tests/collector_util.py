@@ -48,8 +48,10 @@ class ServeProcess:
     """`forksight serve --db DB --port PORT` as a subprocess; stop() is SIGTERM, kill() is SIGKILL."""
 
     def __init__(self, db: str | os.PathLike, *, port: int | None = None, token: str | None = None,
-                 dashboard: bool = False, host: str = "127.0.0.1", env: dict | None = None):
+                 dashboard: bool = False, host: str = "127.0.0.1", env: dict | None = None,
+                 args: tuple[str, ...] = ()):
         self.db, self.port, self.token, self.host = str(db), port or free_port(), token, host
+        self.args = tuple(args)
         self.dashboard = dashboard
         self.env = {**os.environ, **(env or {})}
         self.env.pop("FORKSIGHT_TOKEN", None)
@@ -71,6 +73,7 @@ class ServeProcess:
             cmd += ["--token", self.token]
         if not self.dashboard:
             cmd.append("--no-dashboard")
+        cmd += self.args
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
         try:

@@ -242,6 +242,20 @@ def test_damaged_unreadable_and_held_files_each_get_their_own_message(tmp_path, 
         assert store.reader.row_counts("keep")["tokens"] == 400_000
 
 
+def test_serve_skip_verify_starts_on_a_file_a_full_check_refuses(tmp_path):
+    # a big file the owner knows is sound can start without the block-by-block read
+    db = tmp_path / "big.duckdb"
+    size = _stored_file(db)
+    with open(db, "r+b") as f:                        # the same garbled block as above
+        f.seek(size // 2)
+        f.write(os.urandom(64 * 1024))
+    with pytest.raises(RuntimeError, match="damaged"):
+        Store(db)
+    with ServeProcess(db, args=("--skip-verify",)) as srv:
+        runs = httpx.get(srv.url + "/api/runs").json()
+        assert [run["run_id"] for run in runs] == ["keep"]
+
+
 _CRASH = """
 import os, sys, numpy as np
 from forksight.monitor.store import Records, Store, tokens_table
