@@ -59,14 +59,18 @@ class Reader:
             cur.close()
 
     def list_runs(self) -> pd.DataFrame:
-        """All runs, newest first, with status derived from heartbeat age."""
-        return self._query("""
+        """All runs, newest first, with status derived from heartbeat age; a missing text
+        (strategy, model, config) is None, never pandas' NaN (which reads as a float)."""
+        runs = self._query("""
             SELECT r.run_id, r.name, r.project, r.strategy, r.model,
                    CASE WHEN r.status = 'live' AND r.heartbeat < ? THEN 'crashed' ELSE r.status END AS status,
                    r.created_at, r.heartbeat,
                    (SELECT max(s.step) FROM scalars s WHERE s.run_id = r.run_id) AS last_step,
                    r.config
             FROM runs r ORDER BY r.created_at DESC, r.run_id""", [time.time() - self.stale_after])
+        text = ["name", "project", "strategy", "model", "status", "config"]
+        runs[text] = runs[text].astype(object).where(runs[text].notna(), None)
+        return runs
 
     def run(self, run_id: str) -> dict | None:
         """One run's row as a dict (config parsed), or None."""
@@ -75,8 +79,8 @@ class Reader:
         if row.empty:
             return None
         out = row.iloc[0].to_dict()
-        config = out.get("config")          # a missing config reads as NaN in pandas' str column
-        out["config"] = json.loads(config) if isinstance(config, str) and config else None
+        config = out.get("config")
+        out["config"] = json.loads(config) if config else None
         if out["config"] is not None and (problem := config_problem(out["config"])):
             # stored before the write rule existed: serve the stored (ASCII) JSON text instead
             out.update(config=None, config_error=f"{problem}; the stored text is in config_text",

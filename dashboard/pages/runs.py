@@ -94,9 +94,11 @@ def register(app: dash.Dash) -> None:
                   Input("runs-table", "active_cell"), State("runs-table", "derived_viewport_data"),
                   prevent_initial_call=True)
     def open_run(cell, rows):
-        if not cell or cell.get("column_id") != "name" or not rows:
+        # the table can refresh between the render and the click: a row it no longer has is no click
+        row = _row(rows, cell.get("row")) if cell and cell.get("column_id") == "name" else None
+        if row is None:
             return dash.no_update
-        return dash.get_relative_path(f"/run?run={quote(rows[cell['row']]['id'])}")
+        return dash.get_relative_path(f"/run?run={quote(row['id'])}")
 
     @app.callback(Output("nav-location", "href", allow_duplicate=True),
                   Input("runs-compare", "n_clicks"), State("runs-table", "derived_virtual_data"),
@@ -105,6 +107,14 @@ def register(app: dash.Dash) -> None:
     def compare(clicks, rows, selected):
         if not clicks:          # the button is re-created with each page visit: not a click
             return dash.no_update
-        ids = [rows[i]["id"] for i in (selected or [])] if rows else []
+        ids = [row["id"] for row in (_row(rows, i) for i in selected or []) if row is not None]
         query = quote(",".join(ids)) if ids else ""
         return dash.get_relative_path(f"/compare?runs={query}")
+
+
+def _row(rows: list[dict] | None, index) -> dict | None:
+    """rows[index] when the table still holds that row (and it names a run), else None."""
+    if not rows or not isinstance(index, int) or not 0 <= index < len(rows):
+        return None
+    row = rows[index]
+    return row if isinstance(row, dict) and isinstance(row.get("id"), str) else None
