@@ -1,4 +1,4 @@
-"""Hypothesis strategies and store oracles for tests/test_fuzz_api.py: JSON batches (valid, or valid
+"""Hypothesis strategies and store oracles for the fuzz tests: JSON batches (valid, or valid
 with one surely-invalid field), Arrow IPC bodies (valid, hostile, damaged), hostile headers; and
 what the store holds, read with SQL of its own on the writer thread (in order with every write)."""
 from __future__ import annotations
@@ -431,3 +431,19 @@ def header_sets(draw) -> dict:
     bearer = auth_kind != "none" and out["headers"]["authorization"].lower().startswith("bearer ")
     out["authorized"] = auth_kind == "right" or (not bearer and cookie_kind in ("with", "garbage+with"))
     return out
+
+
+# ---------------------------------------------------------------------------- dashboard callbacks
+def dash_call(dep: dict, value_of, changed: str | None = None) -> dict:
+    """The body Dash's renderer posts to call the callback `dep` (from /_dash-dependencies), each
+    input and state taking value_of('id.property'); `changed` names the trigger (default: the first input)."""
+    def spec(text: str) -> dict:
+        component, prop = text.split(".", 1)
+        return {"id": component, "property": prop}
+    multi = dep["output"].startswith("..")
+    outputs = [spec(p) for p in dep["output"].strip(".").split("...")] if multi else spec(dep["output"])
+    first = dep["inputs"][0]
+    return {"output": dep["output"], "outputs": outputs,
+            "changedPropIds": [changed or f"{first['id']}.{first['property']}"],
+            "inputs": [{**i, "value": value_of(f"{i['id']}.{i['property']}")} for i in dep["inputs"]],
+            "state": [{**s, "value": value_of(f"{s['id']}.{s['property']}")} for s in dep["state"]]}

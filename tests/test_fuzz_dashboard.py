@@ -22,7 +22,7 @@ from forksight.app import create_app
 from forksight.dashboard.token_figures import METRICS
 from forksight.monitor.ingest import Ingest
 from forksight.monitor.store import Store
-from fuzz_util import budget
+from fuzz_util import budget, dash_call
 from synthetic import seed_run
 
 BASE = "http://127.0.0.1:8050"
@@ -58,16 +58,7 @@ class Dashboard:
 
     def fire(self, dep: dict, values: dict, changed: str | None = None):
         """Call `dep` as Dash's renderer does, each input/state taking values['id.property']."""
-        def spec(text: str) -> dict:
-            component, prop = text.split(".", 1)
-            return {"id": component, "property": prop}
-        multi = dep["output"].startswith("..")
-        outputs = [spec(p) for p in dep["output"].strip(".").split("...")] if multi else spec(dep["output"])
-        first = dep["inputs"][0]
-        body = {"output": dep["output"], "outputs": outputs,
-                "changedPropIds": [changed or f"{first['id']}.{first['property']}"],
-                "inputs": [{**i, "value": values.get(f"{i['id']}.{i['property']}")} for i in dep["inputs"]],
-                "state": [{**s, "value": values.get(f"{s['id']}.{s['property']}")} for s in dep["state"]]}
+        body = dash_call(dep, values.get, changed)
         return self.client.post(ROUTE, json=body)
 
 

@@ -15,6 +15,7 @@ import pytest
 from collector_util import REPO, InProcessCollector, create_run, free_port
 from forksight.limits import MAX_BODY_BYTES
 from forksight.monitor.guard import is_loopback
+from fuzz_util import dash_call
 
 JSON = {"Content-Type": "application/json"}
 
@@ -202,21 +203,8 @@ def test_crafted_dash_callback_payloads_get_4xx_and_a_real_one_still_works(tmp_p
             assert ok.status_code in (200, 204), ok.text[:300]
             for dep in deps:            # well-formed calls with values no browser sends: 4xx, never 5xx
                 for value in ("x", {"a": 1}, 2**70, [1, "b"]):
-                    resp = client.post("/_dash-update-component", json=_call_with(dep, value))
+                    resp = client.post("/_dash-update-component", json=dash_call(dep, lambda _: value))
                     assert resp.status_code < 500, (dep["output"][:60], value, resp.text[:200])
-
-
-def _call_with(dep: dict, value) -> dict:
-    """A structurally valid call of the callback `dep` (from /_dash-dependencies), every value `value`."""
-    def spec(text: str) -> dict:
-        component, prop = text.split(".", 1)
-        return {"id": component, "property": prop}
-    multi = dep["output"].startswith("..")
-    outputs = [spec(p) for p in dep["output"].strip(".").split("...")] if multi else spec(dep["output"])
-    first = dep["inputs"][0]
-    return {"output": dep["output"], "outputs": outputs, "changedPropIds": [f"{first['id']}.{first['property']}"],
-            "inputs": [{**i, "value": value} for i in dep["inputs"]],
-            "state": [{**st, "value": value} for st in dep["state"]]}
 
 
 def _peak_rss_mb(pid: int) -> float:
