@@ -1,6 +1,7 @@
-"""TRL's GRPOTrainer on two processes (torchrun, gloo, CPU) with forksight.trl attached on each:
-every rank's rows land in one run of a real collector, ids never collide across ranks, and the
-merged step entropy is the number TRL logged (its mean over both ranks' tokens)."""
+"""TRL's GRPOTrainer on two processes (torchrun, and `accelerate launch`; gloo, CPU) with
+forksight.trl attached on each: every rank's rows land in one run of a real collector, ids never
+collide across ranks, and the merged step entropy is the number TRL logged (its mean over both
+ranks' tokens)."""
 from __future__ import annotations
 
 import json
@@ -13,16 +14,27 @@ import duckdb
 import pytest
 import torch
 
+from collector_util import free_port
 from forksight.monitor.store import Store
 from rank_checks import assert_ranks_share_one_run
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_two_trl_ranks_stream_into_one_merged_run(tmp_path, collector, tiny_model_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "tests" / "trl_ranks_script.py"), str(tiny_model_path), collector.url, "trl2",
-           str(tmp_path / "out")]
+def _launcher(name: str) -> list[str]:
+    if name == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    # what most TRL users type; with no GPU here the script's use_cpu=True makes it gloo on CPU
+    # (accelerate's own --cpu flag would start one process: its multi-CPU path needs mpirun)
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(free_port())]
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+def test_two_trl_ranks_stream_into_one_merged_run(tmp_path, collector, tiny_model_path, launcher):
+    cmd = _launcher(launcher) + [str(REPO / "tests" / "trl_ranks_script.py"), str(tiny_model_path),
+                                 collector.url, "trl2", str(tmp_path / "out")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400, env=env)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
