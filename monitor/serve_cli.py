@@ -6,6 +6,8 @@ import json
 import os
 import sys
 
+SAY_VERIFY_BYTES = 1 << 30      # from this size on, serve says it is checking the file (seconds)
+
 
 def add_parser(subparsers) -> None:
     """Register `serve` and `export`."""
@@ -57,6 +59,10 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 2
+    size = os.path.getsize(args.db) if os.path.isfile(args.db) else 0
+    if size >= SAY_VERIFY_BYTES and not args.skip_verify:     # seconds of silence otherwise
+        print(f"forksight serve: checking every block of {args.db} ({size / 2**30:.1f} GiB, about 25 ms "
+              "per million rows) before serving; --skip-verify starts at once", file=sys.stderr, flush=True)
     try:
         store = Store(args.db, verify=not args.skip_verify)
     except RuntimeError as exc:

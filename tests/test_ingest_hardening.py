@@ -256,6 +256,22 @@ def test_serve_skip_verify_starts_on_a_file_a_full_check_refuses(tmp_path):
         assert [run["run_id"] for run in runs] == ["keep"]
 
 
+def test_serve_says_it_checks_a_big_file_before_the_check(tmp_path, capsys):
+    from forksight.cli import main
+    from forksight.monitor.serve_cli import SAY_VERIFY_BYTES
+
+    big = tmp_path / "big.duckdb"
+    with open(big, "wb") as f:                        # sparse: no disk used, and no DuckDB file
+        f.truncate(SAY_VERIFY_BYTES)
+    assert main(["serve", "--db", str(big), "--port", "9"]) == 1
+    err = capsys.readouterr().err
+    assert err.index("checking every block") < err.index("damaged"), err
+    small = tmp_path / "small.duckdb"
+    small.write_bytes(b"x" * 4096)
+    assert main(["serve", "--db", str(small), "--port", "9"]) == 1
+    assert "checking every block" not in capsys.readouterr().err
+
+
 _CRASH = """
 import os, sys, numpy as np
 from forksight.monitor.store import Records, Store, tokens_table
