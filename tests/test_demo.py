@@ -26,7 +26,7 @@ def test_demo_trains_three_strategies_live_and_alerts_on_the_collapsing_one(tmp_
     db = tmp_path / "demo.duckdb"
     port = _free_port()
     argv = [sys.executable, "-m", "forksight", "demo", "--db", str(db), "--port", str(port),
-            "--steps", "36", "--exit-when-done", "--duration", "400"]
+            "--steps", "45", "--exit-when-done", "--duration", "400"]
     env = dict(os.environ, FORKSIGHT_URL=f"http://127.0.0.1:{port}")
     proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
@@ -43,7 +43,7 @@ def test_demo_trains_three_strategies_live_and_alerts_on_the_collapsing_one(tmp_
             assert runs.loc[name, "strategy"] == name.split("-")[1]
             assert runs.loc[name, "status"] in ("finished", "stopped")
             steps = reader.read_scalars(run_id, ["entropy/mean"], downsample=10_000).step
-            assert steps.max() == 36 and steps.nunique() == 36
+            assert steps.max() == 45 and steps.nunique() == 45
             token_steps = reader.token_steps(run_id)
             assert token_steps and len(reader.read_tokens(run_id, token_steps[-1])) > 0
             assert len(reader.read_samples(run_id, step=int(steps.max()))) > 0

@@ -53,4 +53,4 @@ def test_errors_name_the_field_and_the_reason(tmp_path):
 def test_presets_are_valid_configs():
     for name in PRESETS:
         load_config(preset=name)
-    assert load_config(preset="collapse").lr > 10 * load_config(preset="healthy").lr
+    assert load_config(preset="collapse").lr > 5 * load_config(preset="healthy").lr

@@ -88,7 +88,7 @@ def test_resume_continues_the_step_count(tmp_path):
 
 def test_collapse_preset_drives_entropy_down_and_reward_up(tmp_path):
     result = train(load_config(preset="collapse", overrides=dict(
-        steps=14, db=str(tmp_path / "c.duckdb"), out_dir=str(tmp_path / "runs"), progress=False,
+        steps=40, db=str(tmp_path / "c.duckdb"), out_dir=str(tmp_path / "runs"), progress=False,
         run="collapse")))
     with Store(str(tmp_path / "c.duckdb")) as store:
         df = store.reader.read_scalars(result.run_id, keys=["entropy/mean", "reward/mean"])

@@ -4,8 +4,9 @@ side by side with one task, seed and learning rate — three processes streaming
 collector — printing one status line per run until the runs end or Ctrl-C.
 
 The default preset is `collapse`: a reward whose optimum is one fixed string at a high learning
-rate. Plain GRPO collapses first (entropy → 0, alerts fire); training only fork tokens or ICT
-tokens holds out longer under the very same settings — the contrast the papers report, live.
+rate. Plain GRPO collapses first (the warning ~15 steps before entropy is gone); training only
+fork tokens or ICT tokens holds out longer under the very same settings — the contrast the
+papers report, live.
 """
 from __future__ import annotations
 
