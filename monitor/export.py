@@ -35,7 +35,7 @@ def export_file(db: str, run_id: str, out_dir: str) -> dict[str, int]:
 
     if not os.path.exists(db):
         raise FileNotFoundError(f"no DuckDB file at {db}")
-    from forksight.monitor.store import open_failure
+    from forksight.monitor.dbfile import open_failure
 
     try:
         conn = duckdb.connect(db, read_only=True)

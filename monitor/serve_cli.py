@@ -23,6 +23,11 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--skip-verify", action="store_true",
                        help="start without reading every block of the file first (about 25 ms per million "
                        "rows); a damaged block is then found when a read reaches it, not at start")
+    serve.add_argument("--memory-limit", metavar="SIZE", default=None,
+                       help="cap DuckDB's memory in the collector, e.g. 2GB (default DuckDB's own: 80%% of RAM); "
+                       "larger queries spill to disk")
+    serve.add_argument("--threads", type=int, default=None,
+                       help="DuckDB worker threads (default: every core); fewer leaves cores to a training job")
     serve.add_argument("--alerts-config", metavar="FILE", default=None,
                        help="YAML/JSON alert thresholds (default $FORKSIGHT_ALERTS_CONFIG; see "
                        "`forksight alerts replay` to tune them on a stored run)")
@@ -46,6 +51,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from forksight.app import create_app
     from forksight.monitor.guard import check_bind
+    from forksight.monitor.dbfile import duckdb_config
     from forksight.monitor.store import Store
 
     token = args.token or os.environ.get("FORKSIGHT_TOKEN") or None
@@ -56,6 +62,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     try:
         hub = _alert_hub(args)
+        duckdb_config(args.memory_limit, args.threads)      # every setting is checked before the file
     except (ValueError, FileNotFoundError) as exc:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 2
@@ -64,7 +71,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"forksight serve: checking every block of {args.db} ({size / 2**30:.1f} GiB, about 25 ms "
               "per million rows) before serving; --skip-verify starts at once", file=sys.stderr, flush=True)
     try:
-        store = Store(args.db, verify=not args.skip_verify)
+        store = Store(args.db, verify=not args.skip_verify, memory_limit=args.memory_limit, threads=args.threads)
     except RuntimeError as exc:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 1

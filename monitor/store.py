@@ -15,12 +15,13 @@ from typing import Any, Callable, Sequence
 import pyarrow as pa
 
 # the store's public names, wherever they live (producers import them from here)
+from forksight.monitor.dbfile import connect, duckdb_config
 from forksight.monitor.reader import PERCENTILE_KEY, STALE_AFTER_S, Reader, histogram_quantile  # noqa: F401
 from forksight.monitor.records import (  # noqa: F401
     ALERTS_SCHEMA, HISTOGRAMS_SCHEMA, SAMPLES_SCHEMA, SCALARS_SCHEMA, TOKENS_SCHEMA, RecordError, Records,
     histograms_table, samples_table, scalars_table, tokens_table,
 )
-from forksight.tables import DATA_TABLES, TABLES, schema_sql
+from forksight.tables import DATA_TABLES
 
 log = logging.getLogger("forksight.store")
 
@@ -91,10 +92,13 @@ def insert_arrow(cur, table: str, data: pa.Table, run_id: str | None = None) -> 
 class Store:
     """Owns one DuckDB file: schema, the single writer thread, and `reader`."""
 
-    def __init__(self, path: str, *, stale_after: float = STALE_AFTER_S, verify: bool = True):
-        """verify: read every block once on open (about 25 ms per million token rows)."""
+    def __init__(self, path: str, *, stale_after: float = STALE_AFTER_S, verify: bool = True,
+                 memory_limit: str | None = None, threads: int | None = None):
+        """verify: read every block once on open (about 25 ms per million token rows).
+        memory_limit ('2GB', '512MiB') and threads cap DuckDB in this process (its defaults:
+        80% of RAM, every core), e.g. a collector sharing a node with a training job."""
         self.path = str(path)
-        self._conn = _connect(self.path, verify)
+        self._conn = connect(self.path, verify, duckdb_config(memory_limit, threads))
         self.reader = Reader(self._conn, stale_after=stale_after)
         self.missing_rows = self._check_ledger()    # rows per table acknowledged before but not in the file
         self._queue: queue.Queue = queue.Queue()
@@ -353,43 +357,3 @@ class Store:
                 job.future.set_exception(BatchConflict(job.conflict))
         for job, result in zip(done, results):
             job.future.set_result(result)
-
-
-def _connect(path: str, verify: bool = True):
-    """Open the file read-write, create missing tables and (verify) read every block once, so a
-    damaged file is refused now, not on the first read of a run; every failure says which kind."""
-    import os
-
-    import duckdb
-
-    wal = os.path.exists(path + ".wal")
-    try:
-        conn = duckdb.connect(path)
-    except duckdb.Error as exc:
-        raise RuntimeError(open_failure(path, exc)) from None
-    try:
-        conn.execute("SET enable_progress_bar = false")   # a collector's log is no terminal
-        conn.execute(schema_sql())
-        if verify:
-            for table in TABLES:      # every column of every row: DuckDB checks each block's checksum
-                conn.execute(f"SELECT sum(hash(t)) FROM {table} t").fetchall()
-        if wal:
-            log.warning("%s.wal was left by a process that did not close the file; DuckDB replayed it (rows "
-                        "acknowledged after the last checkpoint are lost if that log was damaged)", path)
-            conn.execute("CHECKPOINT")
-    except duckdb.Error as exc:
-        conn.close()
-        raise RuntimeError(open_failure(path, exc)) from None
-    return conn
-
-
-def open_failure(path: str, exc: Exception) -> str:
-    """What went wrong opening a DuckDB file, in words: held by another process, unreadable, or damaged."""
-    text = str(exc)
-    if "Could not set lock" in text or "Conflicting lock" in text:
-        return (f"cannot open {path}: another process (likely `forksight serve`) holds it ({text}); stream "
-                "to that collector with url=... instead of db=...")
-    if any(s in text for s in ("Is a directory", "No such file", "Permission denied", "Read-only file system")):
-        return f"cannot open {path}: {text}; check the path and its permissions"
-    return (f"{path} is damaged or not a DuckDB database ({text}); nothing was changed. Move it aside and "
-            "restore a copy, or start with a new path (forksight creates the file)")

@@ -272,6 +272,32 @@ def test_serve_says_it_checks_a_big_file_before_the_check(tmp_path, capsys):
     assert "checking every block" not in capsys.readouterr().err
 
 
+def _settings(store) -> tuple:
+    return store.call(lambda cur: cur.execute(
+        "SELECT current_setting('memory_limit'), current_setting('threads')").fetchone())
+
+
+def test_duckdb_memory_and_threads_are_capped_as_asked_and_typos_refused(tmp_path, capsys):
+    import duckdb
+
+    with Store(tmp_path / "capped.duckdb", memory_limit="256MB", threads=1) as store:
+        capped = _settings(store)
+    reference = duckdb.connect(config={"memory_limit": "256MB", "threads": 1})   # DuckDB's own reading
+    assert capped == reference.execute("SELECT current_setting('memory_limit'), current_setting('threads')").fetchone()
+    with Store(tmp_path / "default.duckdb") as store:
+        assert _settings(store) != capped                         # the default is DuckDB's own
+    from forksight.cli import main
+
+    for bad in (["--memory-limit", "lots"], ["--memory-limit", "2"], ["--threads", "0"]):
+        db = tmp_path / f"never-{bad[1]}.duckdb"
+        assert main(["serve", "--db", str(db), "--port", "9", *bad]) == 2
+        err = capsys.readouterr().err
+        assert ("not a size" in err and "2GB" in err) or "threads must be" in err, err
+        assert not db.exists()                                    # refused before the file is touched
+    with ServeProcess(tmp_path / "served.duckdb", args=("--memory-limit", "512MiB", "--threads", "1")) as srv:
+        assert httpx.get(srv.url + "/api/health").status_code == 200
+
+
 _CRASH = """
 import os, sys, numpy as np
 from forksight.monitor.store import Records, Store, tokens_table
