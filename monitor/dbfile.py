@@ -15,9 +15,15 @@ def duckdb_config(memory_limit: str | None = None, threads: int | None = None) -
     message about a damaged file."""
     config: dict = {}
     if memory_limit is not None:
-        if not _MEMORY_LIMIT.fullmatch(str(memory_limit).strip()):
+        size = _MEMORY_LIMIT.fullmatch(str(memory_limit).strip())
+        if not size:
             raise ValueError(f"memory limit {memory_limit!r} is not a size: give a number and a unit, "
                              "e.g. 2GB, 512MB or 1.5GiB")
+        unit = size[2].upper()                   # DuckDB's reading: KB = 1000 bytes, KiB = 1024
+        nbytes = float(size[1]) * (1024 if "I" in unit else 1000) ** ("KMGT".index(unit[0]) + 1)
+        if nbytes < MIN_MEMORY_BYTES:
+            raise ValueError(f"memory limit {memory_limit!r} is below {MIN_MEMORY_BYTES >> 20} MiB, too little "
+                             "for DuckDB to open the file; give e.g. 512MB")
         config["memory_limit"] = str(memory_limit).strip()
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -26,7 +32,8 @@ def duckdb_config(memory_limit: str | None = None, threads: int | None = None) -
     return config
 
 
-_MEMORY_LIMIT = re.compile(r"\d+(\.\d+)?\s*([KMGT]i?B)", re.IGNORECASE)
+_MEMORY_LIMIT = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B)", re.IGNORECASE)
+MIN_MEMORY_BYTES = 64 << 20
 
 
 def connect(path: str, verify: bool = True, config: dict | None = None):
@@ -63,6 +70,9 @@ def open_failure(path: str, exc: Exception) -> str:
     if "Could not set lock" in text or "Conflicting lock" in text:
         return (f"cannot open {path}: another process (likely `forksight serve`) holds it ({text}); stream "
                 "to that collector with url=... instead of db=...")
+    if "Out of Memory" in text:
+        return (f"DuckDB ran out of memory opening {path} ({text.splitlines()[0]}); raise --memory-limit "
+                "(or memory_limit=)")
     if any(s in text for s in ("Is a directory", "No such file", "Permission denied", "Read-only file system")):
         return f"cannot open {path}: {text}; check the path and its permissions"
     return (f"{path} is damaged or not a DuckDB database ({text}); nothing was changed. Move it aside and "

@@ -288,14 +288,22 @@ def test_duckdb_memory_and_threads_are_capped_as_asked_and_typos_refused(tmp_pat
         assert _settings(store) != capped                         # the default is DuckDB's own
     from forksight.cli import main
 
-    for bad in (["--memory-limit", "lots"], ["--memory-limit", "2"], ["--threads", "0"]):
+    for bad in (["--memory-limit", "lots"], ["--memory-limit", "2"], ["--memory-limit", "10KB"], ["--threads", "0"]):
         db = tmp_path / f"never-{bad[1]}.duckdb"
         assert main(["serve", "--db", str(db), "--port", "9", *bad]) == 2
         err = capsys.readouterr().err
-        assert ("not a size" in err and "2GB" in err) or "threads must be" in err, err
+        assert ("not a size" in err and "2GB" in err) or "threads must be" in err or "below 64 MiB" in err, err
         assert not db.exists()                                    # refused before the file is touched
     with ServeProcess(tmp_path / "served.duckdb", args=("--memory-limit", "512MiB", "--threads", "1")) as srv:
         assert httpx.get(srv.url + "/api/health").status_code == 200
+    from forksight.monitor.dbfile import connect
+
+    with pytest.raises(RuntimeError, match="ran out of memory.*raise --memory-limit"):   # why the floor exists
+        connect(str(tmp_path / "starved.duckdb"), config={"memory_limit": "1KB"})
+    with Store(tmp_path / "least.duckdb", memory_limit="64MiB") as store:     # the smallest allowed still works
+        run = store.create_run("least")
+        store.write(run, Records(scalars=scalars_table([{"step": 1, "key": "loss", "value": 1.0}]))).result()
+        assert store.reader.row_counts(run)["scalars"] == 1
 
 
 _CRASH = """
