@@ -185,7 +185,7 @@ def test_runs_table_and_compare_answer_any_selection(dash, data):
                                      data.draw(st.one_of(st.none(), st.lists(st.integers(-2, 8), max_size=4)))}),
              "compare selected")
     answered(dash.fire(dash.dep(output_has="cmp-figure.figure"), {
-        "cmp-runs.value": data.draw(st.one_of(st.none(), run_ids(dash).map(lambda r: r),
+        "cmp-runs.value": data.draw(st.one_of(st.none(), run_ids(dash),
                                               st.lists(run_ids(dash), max_size=4))),
         "cmp-smoothing.value": data.draw(st.one_of(st.none(), st.floats(0, 0.99))),
         "cmp-tick.n_intervals": data.draw(maybe_int(0))}), "compare figure")
