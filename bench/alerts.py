@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from forksight.monitor.alerts import AlertMonitor
-from forksight.monitor.store import Records, Store, scalars_table
+from forksight.monitor.alerts.hub import AlertMonitor
+from forksight.monitor.collector.store import Records, Store, scalars_table
 
 # Synthetic runs (collapsing: flat, then H0·exp(-(t - onset)/tau) with multiplicative noise;
 # healthy: entropy settles 20% lower, reward climbs) go through a real DuckDB file and back

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from forksight.monitor.alerts import AlertMonitor
+from forksight.monitor.alerts.hub import AlertMonitor
 
 # Series are cached so reruns and tests never retrain. Ground truth from the logged entropy:
 # collapse = first step below 10% of the first five steps' mean; explosion = first step whose
@@ -84,7 +84,7 @@ def _by_step(frame) -> tuple[list[int], list[dict]]:
 def _train_one(preset: str, overrides: dict, tmp: Path) -> tuple[list[int], list[dict], int]:
     import torch
 
-    from forksight.monitor.store import Store
+    from forksight.monitor.collector.store import Store
     from forksight.trainer import loop
     from forksight.trainer.config import load_config
 
@@ -127,7 +127,7 @@ def _train_trl(preset: str, overrides: dict, tmp: Path) -> tuple[list[int], list
     from trl import GRPOConfig, GRPOTrainer
 
     import forksight.trl
-    from forksight.monitor.store import Store
+    from forksight.monitor.collector.store import Store
     from forksight.trainer.model import build_tiny, load
 
     torch.set_num_threads(1)

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # the synthetic run
 
 from forksight.dashboard.run_view import Controls, draw_run, tick_run  # noqa: E402
-from forksight.constants import ENTROPY_EDGES  # noqa: E402
-from forksight.monitor.store import Records, Store, scalars_table, tokens_table  # noqa: E402
+from forksight.base.constants import ENTROPY_EDGES  # noqa: E402
+from forksight.monitor.collector.store import Records, Store, scalars_table, tokens_table  # noqa: E402
 from synthetic import bulk_tokens, step_records  # noqa: E402
 
 TARGET_CALLBACK_MS = 300.0

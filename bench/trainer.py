@@ -59,7 +59,7 @@ def _context(model, tokenizer, sink, teacher_model=None, **over):
 def overhead(model, tokenizer, pairs: int, strategy: str, **over) -> dict:
     """Median step time with monitoring vs without (interleaved pairs on one context), and the
     in-step share: token_stats + StepReporter time over the rest of the monitored step."""
-    from forksight.monitor.client import open_sink
+    from forksight.monitor.sinks.client import open_sink
 
     with tempfile.TemporaryDirectory() as tmp:
         sink = open_sink(run=f"bench-{strategy}", db=str(Path(tmp) / "bench.duckdb"))

@@ -21,12 +21,12 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it (loaded lazily)
 _PUBLIC = {
-    "attach": "forksight.hooks.attach",
-    "AttachHandle": "forksight.hooks.attach",
-    "open_sink": "forksight.monitor.client",
-    "NullSink": "forksight.monitor.client",
-    "serve": "forksight.app",
-    "Collector": "forksight.app",
+    "attach": "forksight.hooks.capture.attach",
+    "AttachHandle": "forksight.hooks.capture.attach",
+    "open_sink": "forksight.monitor.sinks.client",
+    "NullSink": "forksight.monitor.sinks.client",
+    "serve": "forksight.compose.app",
+    "Collector": "forksight.compose.app",
     "token_stats": "forksight.hooks.metrics",
     "TokenStats": "forksight.hooks.metrics",
     "pass_at_k": "forksight.hooks.metrics",
@@ -37,10 +37,10 @@ _SUBMODULES = ("trl", "verl")
 __all__ = [*_PUBLIC, *_SUBMODULES, "__version__"]
 
 if TYPE_CHECKING:
-    from forksight.hooks.attach import AttachHandle, attach
+    from forksight.hooks.capture.attach import AttachHandle, attach
     from forksight.hooks.metrics import TokenStats, pass_at_k, pass_at_k_groups, token_stats
-    from forksight.monitor.client import NullSink, open_sink
-    from forksight.app import Collector, serve
+    from forksight.monitor.sinks.client import NullSink, open_sink
+    from forksight.compose.app import Collector, serve
 
 
 def __getattr__(name: str) -> Any:

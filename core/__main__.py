@@ -1,6 +1,6 @@
 """`python -m forksight ...` is the `forksight` command."""
 import sys
 
-from forksight.cli import main
+from forksight.compose.cli import main
 
 sys.exit(main())

@@ -1,7 +1,7 @@
 """`forksight.trl.attach(trainer, ...)`: TRL's GRPOTrainer in one line (needs the `trl` extra).
 
-The integration lives in `forksight.hooks.trl`; this module is its public name.
+The integration lives in `forksight.hooks.integrations.trl`; this module is its public name.
 """
-from forksight.hooks.trl import SUPPORT, ForksightCallback, attach, trl_mode
+from forksight.hooks.integrations.trl import SUPPORT, ForksightCallback, attach, trl_mode
 
 __all__ = ["attach", "ForksightCallback", "SUPPORT", "trl_mode"]

@@ -16,7 +16,7 @@ import pandas as pd
 
 from forksight.dashboard.figures import (SEVERITY_COLOR, SEVERITY_SYMBOL, epoch_seconds,
                                          wall_strings, x_values)
-from forksight.monitor.detectors import signal_of
+from forksight.monitor.alerts.detectors import signal_of
 
 STAGNATION, NON_FINITE = "stagnation", "non_finite"
 STAGNATION_WINDOW = 100          # StagnationConfig.window's default, when the message lacks it

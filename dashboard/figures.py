@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from forksight.constants import FORK_ENTROPY
+from forksight.base.constants import FORK_ENTROPY
 
 FORK_THRESHOLD = FORK_ENTROPY   # 80th-percentile entropy of Wang et al. (ALGORITHMS.md §3)
 SCATTERGL_AFTER = 15_000        # SVG gets sluggish past this many points per figure

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from forksight.constants import FORK_ENTROPY
+from forksight.base.constants import FORK_ENTROPY
 from forksight.dashboard.figures import base_layout, clean, empty_figure
 
 METRICS = {"entropy": "entropy H", "renyi2": "Rényi-2 H2", "js": "JS to group",

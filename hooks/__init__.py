@@ -1,3 +1,3 @@
-"""forksight.hooks, the producers' room in data-path order: per-token math (`metrics` = token_stats,
-passk, token_select, summary); `attach` = capture → forward_stats → step_buffer → report (+ sample_log);
-integrations `trl` (+ trl_rows) and `verl`. Public entry points are re-exported by `forksight`."""
+"""forksight.hooks, the producers' room in data-path order: `metrics` (the per-token math:
+token_stats, passk, token_select, summary), `capture` (forward hooks → statistics → step buffer →
+report; `attach`), `integrations` (TRL, verl). Public entry points are re-exported by `forksight`."""

@@ -1,1 +1,2 @@
-"""forksight.monitor: the collector room. Client sinks, the HTTP collector, the DuckDB store and its reader, alerts."""
+"""forksight.monitor, three rooms: `sinks` (what producers log through), `collector` (HTTP API,
+ingest, DuckDB store, reader) and `alerts` (detectors and the per-run hub)."""

@@ -116,7 +116,7 @@ class InProcessCollector:
 
     def __init__(self, db: str | os.PathLike, *, port: int | None = None, token: str | None = None,
                  dashboard: bool = False):
-        from forksight.app import Collector
+        from forksight.compose.app import Collector
 
         self.port, self.token = port or free_port(), token
         self.collector = Collector(str(db), port=self.port, token=token, dashboard=dashboard)

@@ -12,11 +12,11 @@ import pyarrow as pa
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from forksight.limits import (
+from forksight.base.limits import (
     MAX_CONFIG_DEPTH, MAX_KEY_CHARS, MAX_RANK, MAX_SHORT_CHARS, MAX_STEP, MAX_TEXT_CHARS, MAX_TOKEN_CHARS,
 )
-from forksight.monitor.schema import ARROW_MEDIA_TYPE
-from forksight.tables import DATA_TABLES
+from forksight.monitor.collector.schema import ARROW_MEDIA_TYPE
+from forksight.base.tables import DATA_TABLES
 
 INT32, INT64 = 2**31, 2**63
 

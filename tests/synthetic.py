@@ -12,9 +12,9 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from forksight.constants import ENTROPY_EDGES, FORK_ENTROPY
+from forksight.base.constants import ENTROPY_EDGES, FORK_ENTROPY
 from forksight.hooks.metrics import histogram
-from forksight.monitor.store import (Records, histograms_table, samples_table, scalars_table,
+from forksight.monitor.collector.store import (Records, histograms_table, samples_table, scalars_table,
                            tokens_table)
 
 

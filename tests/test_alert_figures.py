@@ -13,7 +13,7 @@ from forksight.dashboard import alert_figures as A
 from forksight.dashboard import figures as F
 from forksight.dashboard import run_figures as R
 from forksight.dashboard import run_view
-from forksight.monitor.detectors import signal_of
+from forksight.monitor.alerts.detectors import signal_of
 
 STEPS = 80
 

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 from pydantic import BaseModel
 
-from forksight.monitor.alerts import ALERT_COLUMNS, AlertConfig, AlertHub, AlertMonitor, load_alert_config
-from forksight.monitor.detectors import DebiasedEMA, Gate, RollingOLS
-from forksight.monitor.webhook import WebhookSink, validate_webhook_url
+from forksight.monitor.alerts.hub import ALERT_COLUMNS, AlertConfig, AlertHub, AlertMonitor, load_alert_config
+from forksight.monitor.alerts.detectors import DebiasedEMA, Gate, RollingOLS
+from forksight.monitor.alerts.webhook import WebhookSink, validate_webhook_url
 
 
 # ---------------------------------------------------------------------------- synthetic runs
@@ -368,8 +368,8 @@ def test_invalid_webhook_url_is_refused_with_a_clear_error(url, fragment):
 
 # ---------------------------------------------------------------------------- replay CLI
 def _stored_run(path, rows, *, hub=True) -> str:
-    from forksight.monitor.ingest import Ingest
-    from forksight.monitor.store import Records, Store, scalars_table
+    from forksight.monitor.collector.ingest import Ingest
+    from forksight.monitor.collector.store import Records, Store, scalars_table
 
     with Store(str(path)) as store:
         ingest = Ingest(store, alerts=hub)
@@ -389,7 +389,7 @@ def _count_alerts(path) -> int:
 
 
 def test_replay_reproduces_the_live_hub_and_writes_only_when_asked(tmp_path, capsys):
-    from forksight.cli import main
+    from forksight.compose.cli import main
 
     db = tmp_path / "runs.duckdb"
     rows = collapsing_run(95, 15, seed=9)
@@ -419,7 +419,7 @@ def test_replay_reproduces_the_live_hub_and_writes_only_when_asked(tmp_path, cap
 
 
 def test_replay_errors_name_the_problem(tmp_path, capsys):
-    from forksight.cli import main
+    from forksight.compose.cli import main
 
     db = tmp_path / "runs.duckdb"
     run_id = _stored_run(db, collapsing_run(5, 15), hub=False)

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forksight.monitor.alerts import AlertConfig, AlertMonitor
-from forksight.monitor.detectors import ExplosionDetector, signal_of
+from forksight.monitor.alerts.hub import AlertConfig, AlertMonitor
+from forksight.monitor.alerts.detectors import ExplosionDetector, signal_of
 
 RUNS = json.loads((Path(__file__).parent / "data" / "alerts_real_runs.json").read_text())
 

@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forksight.monitor.alerts import AlertConfig
-from forksight.monitor.store import Store
+from forksight.monitor.alerts.hub import AlertConfig
+from forksight.monitor.collector.store import Store
 from forksight.trainer.config import load_config
 from forksight.trainer.loop import train
 

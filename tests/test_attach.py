@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import forksight
-from forksight.monitor.client import LocalSink
+from forksight.monitor.sinks.client import LocalSink
 
 TEXTS = ["Q: 12+34= A: 46", "Q: 1+2= A: 3", "Q: 55+5= A: 60", "Q: 9+9= A: 18"]
 
@@ -56,7 +56,7 @@ def test_hooks_leave_loss_and_grads_bit_identical(tiny):
     model, tokenizer = tiny
     enc, labels = _batch(tokenizer)
     loss_plain, grads_plain = _loss_and_grads(model, enc, labels)
-    from forksight.monitor.client import NullSink
+    from forksight.monitor.sinks.client import NullSink
 
     with forksight.attach(model, sink=NullSink(), group_size=2, js_groups="all") as handle:
         loss_hooked, grads_hooked = _loss_and_grads(model, enc, labels)
@@ -128,7 +128,7 @@ def test_optimizer_mode_makes_one_step_of_accumulated_forwards(tiny, tmp_path):
 
 
 def test_eval_forwards_without_grad_are_not_steps(tiny):
-    from forksight.monitor.client import NullSink
+    from forksight.monitor.sinks.client import NullSink
 
     model, tokenizer = tiny
     enc, labels = _batch(tokenizer)
@@ -139,7 +139,7 @@ def test_eval_forwards_without_grad_are_not_steps(tiny):
 
 
 def test_bad_arguments_say_what_to_do(tiny):
-    from forksight.monitor.client import NullSink
+    from forksight.monitor.sinks.client import NullSink
 
     model, _ = tiny
     with pytest.raises(ValueError, match="js_groups"):

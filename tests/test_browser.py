@@ -33,7 +33,7 @@ PAYLOADS = ('<script>window.__xss=1</script>', '<img src=x onerror="window.__xss
 
 
 def _xss_records():
-    from forksight.monitor.store import Records, samples_table, tokens_table
+    from forksight.monitor.collector.store import Records, samples_table, tokens_table
 
     samples = [{"step": XSS_STEP, "sample_id": i, "group_id": 0, "prompt": f"say {PAYLOADS[1]}",
                 "completion": f"{PAYLOADS[i % 2]} done", "reward": float(i % 2),
@@ -50,8 +50,8 @@ def _xss_records():
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A seeded DuckDB file behind `forksight serve` with the dashboard."""
-    from forksight.monitor.ingest import Ingest
-    from forksight.monitor.store import Store
+    from forksight.monitor.collector.ingest import Ingest
+    from forksight.monitor.collector.store import Store
     from synthetic import seed_run, step_records
 
     chromium = require_browser()

@@ -8,14 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from forksight.cli import SUBCOMMANDS, build_parser
+from forksight.compose.cli import SUBCOMMANDS, build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "trl", "dash", "duckdb", "fastapi", "uvicorn")
 
 
 def test_building_the_parser_imports_neither_torch_nor_dash():
-    code = ("import sys, json; from forksight.cli import build_parser; build_parser().format_help(); "
+    code = ("import sys, json; from forksight.compose.cli import build_parser; build_parser().format_help(); "
             f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -29,9 +29,9 @@ def test_help_lists_every_subcommand_and_each_comes_from_an_imported_module():
     for command in ("serve", "export", "train", "alerts", "demo"):
         assert command in out.stdout
     modules = {add_parser.__module__ for add_parser in SUBCOMMANDS}
-    assert modules == {"forksight.monitor.serve_cli", "forksight.trainer.cli",
-                       "forksight.monitor.alerts_cli", "forksight.trainer.demo"}
-    assert build_parser().parse_args(["serve", "--port", "9"]).func.__module__ == "forksight.monitor.serve_cli"
+    assert modules == {"forksight.compose.serve_cli", "forksight.trainer.cli",
+                       "forksight.compose.alerts_cli", "forksight.compose.demo"}
+    assert build_parser().parse_args(["serve", "--port", "9"]).func.__module__ == "forksight.compose.serve_cli"
 
 
 def _imports(folder: str) -> set[str]:
@@ -47,4 +47,4 @@ def _imports(folder: str) -> set[str]:
 
 def test_the_collector_room_never_imports_the_dashboard_and_the_dashboard_never_the_server():
     assert not {m for m in _imports("monitor") if m.startswith("forksight.dashboard")}
-    assert not {m for m in _imports("dashboard") if m in ("forksight.app", "forksight.monitor.server")}
+    assert not {m for m in _imports("dashboard") if m in ("forksight.compose.app", "forksight.monitor.collector.server")}

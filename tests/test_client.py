@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from collector_util import InProcessCollector, ServeProcess, free_port
-from forksight.monitor.client import HttpSink, open_sink
+from forksight.monitor.sinks.client import HttpSink, open_sink
 
 WORKER = r"""
 import sys, numpy as np
-from forksight.monitor.client import open_sink
+from forksight.monitor.sinks.client import open_sink
 url, name, steps, rows, ending = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 sink = open_sink(name, url=url)
 for step in range(steps):
@@ -139,7 +139,7 @@ def test_collector_not_there_yet_the_run_and_its_batches_wait_in_the_spool(tmp_p
 
 EMBEDDED = r"""
 import sys
-from forksight.monitor.client import open_sink
+from forksight.monitor.sinks.client import open_sink
 sink = open_sink("emb-a")
 print(type(sink).__name__, sink.run_id, flush=True)
 for s in range(5):

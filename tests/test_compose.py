@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from forksight.cli import build_parser
+from forksight.compose.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 

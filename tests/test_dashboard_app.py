@@ -23,7 +23,7 @@ def _dash_call(url: str, outputs: list[str], inputs: list[dict]) -> dict:
 
 
 def _seed(db, names: list[str], steps: int = 6) -> None:
-    from forksight.monitor.store import Records, Store, scalars_table
+    from forksight.monitor.collector.store import Records, Store, scalars_table
 
     with Store(str(db)) as store:
         for i, name in enumerate(names):
@@ -69,7 +69,7 @@ def _find(tree, component_id: str) -> dict:
 
 def counting_reader(store):
     """A real Reader over the store's connection that counts the SQL statements it runs."""
-    from forksight.monitor.reader import Reader
+    from forksight.monitor.collector.reader import Reader
 
     class CountingReader(Reader):
         queries = 0
@@ -84,7 +84,7 @@ def counting_reader(store):
 def test_runs_page_reads_all_sparklines_in_one_query_with_the_per_run_values(tmp_path):
     from forksight.dashboard.figures import sparkline
     from forksight.dashboard.pages.runs import SPARK_POINTS, runs_rows
-    from forksight.monitor.store import Records, Store, scalars_table
+    from forksight.monitor.collector.store import Records, Store, scalars_table
 
     rng = np.random.default_rng(0)
     with Store(str(tmp_path / "many.duckdb")) as store:
@@ -122,7 +122,7 @@ def test_slider_follows_the_newest_step_only_when_the_user_is_on_it():
 
 
 def test_token_steps_since_a_step_are_the_tail_of_all_token_steps(tmp_path):
-    from forksight.monitor.store import Store
+    from forksight.monitor.collector.store import Store
     from synthetic import seed_run
 
     with Store(str(tmp_path / "t.duckdb")) as store:

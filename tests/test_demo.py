@@ -11,7 +11,7 @@ import sys
 import httpx
 import pytest
 
-from forksight.monitor.store import Store
+from forksight.monitor.collector.store import Store
 
 pytestmark = pytest.mark.slow
 

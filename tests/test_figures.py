@@ -258,7 +258,7 @@ def test_run_view_draws_from_the_store_and_ticks_only_new_steps(tmp_path):
 
     from forksight.dashboard.run_view import Controls, draw_run, tick_run
     from synthetic import seed_run, write_steps
-    from forksight.monitor.store import Store
+    from forksight.monitor.collector.store import Store
 
     with Store(str(tmp_path / "r.duckdb")) as store:
         run_id = seed_run(store, "r", 12, steps_total=40, seed=3)

@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from collector_util import ServeProcess
-from forksight.app import create_app
-from forksight.limits import MAX_RANK
-from forksight.monitor.schema import ARROW_MEDIA_TYPE
-from forksight.monitor.store import Store
+from forksight.compose.app import create_app
+from forksight.base.limits import MAX_RANK
+from forksight.monitor.collector.schema import ARROW_MEDIA_TYPE
+from forksight.monitor.collector.store import Store
 from fuzz_util import (
     TOKEN, budget, data_rows, expected_rows, fingerprint, header_sets, hostile_arrow, invalid_batches, ipc,
     json_body, run_bodies, run_rows, valid_arrow, valid_batches,

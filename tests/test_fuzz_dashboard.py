@@ -18,10 +18,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from forksight.app import create_app
+from forksight.compose.app import create_app
 from forksight.dashboard.token_figures import METRICS
-from forksight.monitor.ingest import Ingest
-from forksight.monitor.store import Store
+from forksight.monitor.collector.ingest import Ingest
+from forksight.monitor.collector.store import Store
 from fuzz_util import budget, dash_call
 from synthetic import seed_run
 

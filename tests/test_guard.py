@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from collector_util import REPO, InProcessCollector, create_run, free_port
-from forksight.limits import MAX_BODY_BYTES
-from forksight.monitor.guard import is_loopback
+from forksight.base.limits import MAX_BODY_BYTES
+from forksight.monitor.collector.guard import is_loopback
 from fuzz_util import dash_call
 
 JSON = {"Content-Type": "application/json"}
@@ -41,7 +41,7 @@ def _over_limit_chunks():
 def test_empty_host_means_every_interface_and_needs_a_token(tmp_path):
     assert not is_loopback("") and not is_loopback("0.0.0.0") and not is_loopback("::")
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
-    from forksight.app import Collector
+    from forksight.compose.app import Collector
 
     with pytest.raises(ValueError, match="--token"):
         Collector(str(tmp_path / "c.duckdb"), host="", port=free_port())
@@ -239,7 +239,7 @@ def test_a_640_mb_chunked_body_does_not_grow_the_server(tmp_path):
 def test_websocket_upgrades_are_closed_before_reaching_the_app():
     import asyncio
 
-    from forksight.monitor.guard import GuardMiddleware
+    from forksight.monitor.collector.guard import GuardMiddleware
 
     reached, sent = [], []
 
@@ -258,7 +258,7 @@ def test_websocket_upgrades_are_closed_before_reaching_the_app():
 
 
 def test_a_token_with_cookie_separators_survives_the_cookie_and_an_unusable_one_is_refused(tmp_path):
-    from forksight.monitor.guard import check_bind
+    from forksight.monitor.collector.guard import check_bind
 
     token = 'a;b,c="d"\\e%'
     with InProcessCollector(tmp_path / "q.duckdb", token=token) as server:

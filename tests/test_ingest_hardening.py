@@ -14,10 +14,10 @@ import pyarrow as pa
 import pytest
 
 from collector_util import ServeProcess
-from forksight.limits import MAX_CONFIG_CHARS, MAX_STEP, RUN_ID_RE
-from forksight.monitor.export import export_file
-from forksight.monitor.schema import ARROW_MEDIA_TYPE
-from forksight.monitor.store import Records, Store, scalars_table, tokens_table
+from forksight.base.limits import MAX_CONFIG_CHARS, MAX_STEP, RUN_ID_RE
+from forksight.monitor.collector.export import export_file
+from forksight.monitor.collector.schema import ARROW_MEDIA_TYPE
+from forksight.monitor.collector.store import Records, Store, scalars_table, tokens_table
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +52,8 @@ def _counts(http, run: str) -> dict:
 # ---------------------------------------------------------------------------- bounded decoding
 _PEAK = """
 import sys, pyarrow as pa
-from forksight.monitor.errors import ApiError
-from forksight.monitor.ingest import parse_arrow_tokens
+from forksight.base.errors import ApiError
+from forksight.monitor.collector.ingest import parse_arrow_tokens
 try:
     parse_arrow_tokens(open(sys.argv[1], "rb").read(), 0)
     status = 200
@@ -230,7 +230,7 @@ def test_damaged_unreadable_and_held_files_each_get_their_own_message(tmp_path, 
         assert "damaged" in str(err.value) and "another process" not in str(err.value), str(err.value)
         with pytest.raises(RuntimeError, match="damaged"):            # `forksight export` says the same
             export_file(str(path), "keep", str(tmp_path / "out"))
-    from forksight.cli import main
+    from forksight.compose.cli import main
 
     assert main(["serve", "--db", str(garbled), "--port", "9"]) == 1      # refused before it serves
     assert "damaged" in capsys.readouterr().err
@@ -257,8 +257,8 @@ def test_serve_skip_verify_starts_on_a_file_a_full_check_refuses(tmp_path):
 
 
 def test_serve_says_it_checks_a_big_file_before_the_check(tmp_path, capsys):
-    from forksight.cli import main
-    from forksight.monitor.serve_cli import SAY_VERIFY_BYTES
+    from forksight.compose.cli import main
+    from forksight.compose.serve_cli import SAY_VERIFY_BYTES
 
     big = tmp_path / "big.duckdb"
     with open(big, "wb") as f:                        # sparse: no disk used, and no DuckDB file
@@ -286,7 +286,7 @@ def test_duckdb_memory_and_threads_are_capped_as_asked_and_typos_refused(tmp_pat
     assert capped == reference.execute("SELECT current_setting('memory_limit'), current_setting('threads')").fetchone()
     with Store(tmp_path / "default.duckdb") as store:
         assert _settings(store) != capped                         # the default is DuckDB's own
-    from forksight.cli import main
+    from forksight.compose.cli import main
 
     for bad in (["--memory-limit", "lots"], ["--memory-limit", "2"], ["--memory-limit", "10KB"], ["--threads", "0"]):
         db = tmp_path / f"never-{bad[1]}.duckdb"
@@ -296,7 +296,7 @@ def test_duckdb_memory_and_threads_are_capped_as_asked_and_typos_refused(tmp_pat
         assert not db.exists()                                    # refused before the file is touched
     with ServeProcess(tmp_path / "served.duckdb", args=("--memory-limit", "512MiB", "--threads", "1")) as srv:
         assert httpx.get(srv.url + "/api/health").status_code == 200
-    from forksight.monitor.dbfile import connect
+    from forksight.monitor.collector.dbfile import connect
 
     with pytest.raises(RuntimeError, match="ran out of memory.*raise --memory-limit"):   # why the floor exists
         connect(str(tmp_path / "starved.duckdb"), config={"memory_limit": "1KB"})
@@ -308,7 +308,7 @@ def test_duckdb_memory_and_threads_are_capped_as_asked_and_typos_refused(tmp_pat
 
 _CRASH = """
 import os, sys, numpy as np
-from forksight.monitor.store import Records, Store, tokens_table
+from forksight.monitor.collector.store import Records, Store, tokens_table
 store = Store(sys.argv[1])
 run = store.create_run("wal")
 for step in range(4):

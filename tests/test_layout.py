@@ -60,7 +60,7 @@ def test_the_checker_finds_a_cycle():
 
 def test_no_import_cycle_among_forksight_modules():
     modules = _modules()
-    assert "forksight.monitor.store" in modules and "forksight.hooks.metrics" in modules
+    assert "forksight.monitor.collector.store" in modules and "forksight.hooks.metrics" in modules
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
 

@@ -6,8 +6,8 @@ import math
 
 from collector_util import InProcessCollector
 
-from forksight.monitor.client import open_sink
-from forksight.limits import NONFINITE_PREFIX
+from forksight.monitor.sinks.client import open_sink
+from forksight.base.limits import NONFINITE_PREFIX
 
 
 def test_nan_and_inf_scalars_raise_the_non_finite_alert_through_a_real_collector(tmp_path):
@@ -33,7 +33,7 @@ def test_nan_and_inf_scalars_raise_the_non_finite_alert_through_a_real_collector
 
 
 def test_a_marker_that_would_exceed_the_key_limit_is_not_sent_and_the_batch_still_lands(tmp_path):
-    from forksight.limits import MAX_KEY_CHARS
+    from forksight.base.limits import MAX_KEY_CHARS
 
     long_key = "k" * MAX_KEY_CHARS                   # a valid key whose marker would be too long
     with InProcessCollector(tmp_path / "long.duckdb") as server:

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from forksight.hooks.metrics import group_scalars
-from forksight.hooks.report import StepReporter
+from forksight.hooks.capture.report import StepReporter
 from forksight.hooks import metrics
-from forksight.monitor.client import open_sink
-from forksight.monitor.store import Store
+from forksight.monitor.sinks.client import open_sink
+from forksight.monitor.collector.store import Store
 
 
 def _brute_pass_at_k(verdicts: list[list[bool]], k: int) -> float:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from forksight.cli import build_parser
-from forksight.monitor.serve_cli import _alert_hub
+from forksight.compose.cli import build_parser
+from forksight.compose.serve_cli import _alert_hub
 
 
 def _serve(tmp_path, *flags: str) -> subprocess.CompletedProcess:

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pytest
 
 from collector_util import REPO, InProcessCollector, ServeProcess, create_run, free_port
-from forksight.monitor.client import open_sink
-from forksight.limits import MAX_BODY_BYTES, MAX_SCALAR_ROWS
-from forksight.monitor.schema import ARROW_MEDIA_TYPE
+from forksight.monitor.sinks.client import open_sink
+from forksight.base.limits import MAX_BODY_BYTES, MAX_SCALAR_ROWS
+from forksight.monitor.collector.schema import ARROW_MEDIA_TYPE
 
 HOSTILE = ["<script>alert('x')</script>", "'); DROP TABLE scalars; --", "\" OR 1=1 --", "&lt;b&gt;", "é✓\u0000z"]
 
@@ -288,7 +288,7 @@ def test_token_auth_refuses_missing_or_wrong_token(tmp_path, monkeypatch, capsys
         sink.log_scalars(0, {"a": 1.0})
         sink.finish()
         assert sink.rejected == [] and sink.sent_rows == 1
-    from forksight.cli import main
+    from forksight.compose.cli import main
 
     monkeypatch.delenv("FORKSIGHT_TOKEN", raising=False)
     assert main(["serve", "--db", str(tmp_path / "o.duckdb"), "--host", "0.0.0.0", "--port", str(free_port())]) == 2

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from collector_util import InProcessCollector, free_port
-from forksight.monitor.http_sink import DeliveryError, HttpSink
+from forksight.monitor.sinks.http import DeliveryError, HttpSink
 
 
 @pytest.fixture(autouse=True)
@@ -95,7 +95,7 @@ def test_a_sink_started_while_the_collector_is_down_files_a_new_run_not_an_old_o
 
 
 def test_a_local_sink_whose_writes_fail_says_so_instead_of_returning_true(tmp_path):
-    from forksight.monitor.client import LocalSink
+    from forksight.monitor.sinks.client import LocalSink
 
     sink = LocalSink(str(tmp_path / "l.duckdb"), "local")
     sink.log_scalars(0, {"loss": 1.0})

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forksight.monitor.client import LocalSink, NullSink, open_sink
-from forksight.monitor.ingest import Ingest
-from forksight.monitor.store import (
+from forksight.monitor.sinks.client import LocalSink, NullSink, open_sink
+from forksight.monitor.collector.ingest import Ingest
+from forksight.monitor.collector.store import (
     Records, RecordError, Store, histogram_quantile, histograms_table, samples_table, scalars_table,
     tokens_table,
 )
@@ -218,7 +218,7 @@ def test_a_second_store_on_a_held_file_says_who_owns_it(tmp_path):
     import sys
 
     with Store(tmp_path / "a.duckdb"):
-        out = subprocess.run([sys.executable, "-c", f"from forksight.monitor.store import Store; Store({str(tmp_path / 'a.duckdb')!r})"],
+        out = subprocess.run([sys.executable, "-c", f"from forksight.monitor.collector.store import Store; Store({str(tmp_path / 'a.duckdb')!r})"],
                              capture_output=True, text=True)
     assert out.returncode != 0 and "url=" in out.stderr and "forksight serve" in out.stderr
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from forksight.monitor.store import Store
+from forksight.monitor.collector.store import Store
 from rank_checks import assert_ranks_share_one_run
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forksight.monitor.store import Store
+from forksight.monitor.collector.store import Store
 from forksight.trainer.config import STRATEGIES, load_config
 from forksight.trainer.loop import train
 

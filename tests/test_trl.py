@@ -15,7 +15,7 @@ import torch
 from transformers import TrainerCallback
 
 import forksight.trl
-from forksight.monitor.client import LocalSink
+from forksight.monitor.sinks.client import LocalSink
 
 REPO = Path(__file__).resolve().parents[1]
 TRL114 = REPO / ".venv" / "trl114"
@@ -63,8 +63,8 @@ def make_trainer(model_path, out_dir, steps: int, reward_log: list, quantile: fl
 def run_a(tiny_model_path, tmp_path_factory):
     """GRPO with forksight attached (JS on all groups, stop on a critical alert that a collapse
     floor above the untrained model's entropy raises once 2 steps are seen)."""
-    from forksight.monitor.alerts import AlertConfig, AlertHub, CollapseConfig
-    from forksight.monitor.store import Store
+    from forksight.monitor.alerts.hub import AlertConfig, AlertHub, CollapseConfig
+    from forksight.monitor.collector.store import Store
 
     tmp = tmp_path_factory.mktemp("trl_a")
     hub = AlertHub(AlertConfig(collapse=CollapseConfig(floor=50.0, warmup_steps=2, baseline_steps=1, persist=1)))
@@ -226,7 +226,7 @@ def test_unknown_trl_version_warns_and_keeps_scalars(tiny_model_path, tmp_path, 
 def test_trl_114_example_streams_through_a_real_collector(tmp_path):
     from collector_util import ServeProcess
 
-    from forksight.monitor.store import Store
+    from forksight.monitor.collector.store import Store
 
     assert (TRL114 / "trl").is_dir(), f"TRL 1.14 is missing at {TRL114}: run `make setup` (it installs it there)"
     db = tmp_path / "c.duckdb"

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from collector_util import free_port
-from forksight.monitor.store import Store
+from forksight.monitor.collector.store import Store
 from rank_checks import assert_ranks_share_one_run
 
 REPO = Path(__file__).resolve().parents[1]

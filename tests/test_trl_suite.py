@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import forksight.trl
-from forksight.monitor.client import LocalSink
+from forksight.monitor.sinks.client import LocalSink
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from forksight.hooks.metrics import token_stats
-from forksight.hooks.verl import settings_from
-from forksight.hooks.verl_install import SUPPORT, check_version, supported
+from forksight.hooks.integrations.verl import settings_from
+from forksight.hooks.integrations.verl_install import SUPPORT, check_version, supported
 
 REPO = Path(__file__).resolve().parents[1]
 VERL_PY = REPO / ".venv" / "verl" / "bin" / "python"
@@ -219,7 +219,7 @@ tracking.finish(exit_code=0)
 def test_worker_top1_and_js_in_blocks_equal_token_stats_on_whole_groups(monkeypatch):
     # the worker walks response positions in blocks; ragged rows, prompts of different lengths,
     # a complete group (JS) and an incomplete one (top-1 only, JS NaN)
-    from forksight.hooks import verl_worker
+    from forksight.hooks.integrations import verl_worker
 
     torch.manual_seed(0)
     vocab, prompt_lens, response_lens = 11, [3, 3, 3, 5, 2], [7, 4, 6, 5, 3]

@@ -197,8 +197,8 @@ def main(args) -> dict:
     from verl.utils.dataset.rl_dataset import RLHFDataset
     from verl_cpu import actor_worker
 
-    import forksight.hooks.verl as forksight_verl
-    from forksight.hooks.verl_install import STATE
+    import forksight.hooks.integrations.verl as forksight_verl
+    from forksight.hooks.integrations.verl_install import STATE
     from forksight.trainer.model import build_tiny
 
     out = Path(args.out)

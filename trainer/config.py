@@ -159,7 +159,7 @@ def load_config(path: str | None = None, preset: str | None = None,
     try:
         return TrainConfig(**values)
     except ValidationError as exc:
-        from forksight.monitor.errors import validation_message
+        from forksight.base.errors import validation_message
 
         problems = validation_message(exc.errors(), root="config")
         raise ValueError(f"invalid training config: {problems}") from None

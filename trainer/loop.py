@@ -81,7 +81,7 @@ def open_run_sink(config: TrainConfig, run_name: str, rank: int, world: int):
     """The sink for this rank. One run for all ranks: rank 0 creates it, the others join the
     live run of the same name (the collector merges a step across ranks). With db=..., only
     rank 0 logs: a DuckDB file belongs to one process (use url for multi-rank runs)."""
-    from forksight.monitor.client import NullSink, open_sink
+    from forksight.monitor.sinks.client import NullSink, open_sink
 
     if not config.stream:
         return NullSink(run_name)
@@ -134,7 +134,7 @@ def setup(config: TrainConfig, sink=None, *, model=None, tokenizer=None,
         run_name = shared[0]
     if sink is None:
         sink = open_run_sink(config, run_name, rank, world)
-    from forksight.hooks.report import StepReporter
+    from forksight.hooks.capture.report import StepReporter
 
     reporter = StepReporter(sink, tokenizer, token_groups=config.token_groups)
     ctx = Context(config, model, tokenizer, optimizer, task, reporter, ref, teacher, rank, world,

@@ -1,0 +1,27 @@
+"""Numbers every room shares (torch-free): the fork-entropy reference and the histogram bins.
+
+The producers compute with them, the collector's detectors and the dashboard draw and judge
+with them; one definition here keeps the three in agreement.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# The 80th entropy percentile reported by "Beyond the 80/20 Rule" (Qwen3-8B CoT). An ABSOLUTE
+# reference: `fork/frac` counts tokens with H >= FORK_ENTROPY so runs can be compared with the
+# paper's line. Not to be confused with the `fork` strategy's top-rho quantile, which is relative
+# to each batch (see forksight.hooks.metrics.token_select.top_rho_mask).
+FORK_ENTROPY = 0.672
+
+
+def _entropy_edges() -> np.ndarray:
+    """0; 10 log bins per decade from 1e-4 to 1 nat (over half the tokens are < 0.01); 0.1-nat bins
+    to 4; 0.25-nat bins to 12 (≥ log 151936 ≈ 11.93). FORK_ENTROPY is an edge of its own."""
+    fine = np.round(np.logspace(-4, 0, 41), 6)
+    mid = np.round(np.arange(1.1, 4.0 + 1e-9, 0.1), 6)
+    wide = np.round(np.arange(4.25, 12.0 + 1e-9, 0.25), 6)
+    return np.unique(np.concatenate([[0.0, FORK_ENTROPY], fine, mid, wide]))
+
+
+# fixed histogram bin edges (nats) shared by every producer, so ranks and steps add up bin by bin
+ENTROPY_EDGES: np.ndarray = _entropy_edges()

@@ -1,0 +1,192 @@
+"""One declaration per stored table (torch-free): the DuckDB DDL, the Arrow schemas, the wire
+fields and the sinks' known fields are generated from it. Change a column here and every path
+(SQL, Arrow inserts, HTTP validation, sinks) follows."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import pyarrow as pa
+from pydantic import Field
+
+from forksight.base.limits import (
+    MAX_KEY_CHARS, MAX_SHORT_CHARS, MAX_STEP, MAX_TEXT_CHARS, MAX_TOKEN_CHARS,
+)
+
+_SQL = {pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER", pa.float64(): "DOUBLE",
+        pa.float32(): "FLOAT", pa.bool_(): "BOOLEAN"}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its stored type and, when producers send it, the wire constraint."""
+
+    name: str
+    arrow: pa.DataType
+    help: str
+    required: bool = False       # every row must carry it
+    wire: bool = True            # False: set by the collector (run_id, rank) or a wire shape of its own
+    ge: int | float | None = None
+    lt: int | None = None
+    max_chars: int | None = None
+    min_chars: int | None = None
+
+    @property
+    def sql(self) -> str:
+        return _SQL[self.arrow]
+
+    def wire_type(self) -> Any:
+        """The pydantic type of one value on the wire; integers also bounded by their stored width."""
+        if pa.types.is_integer(self.arrow):
+            bits = self.arrow.bit_width
+            low = -(2 ** (bits - 1)) if self.ge is None else max(self.ge, -(2 ** (bits - 1)))
+            high = 2 ** (bits - 1) if self.lt is None else min(self.lt, 2 ** (bits - 1))
+            return Annotated[int, Field(ge=low, lt=high)]
+        if pa.types.is_floating(self.arrow):
+            return float if self.ge is None else Annotated[float, Field(ge=self.ge)]
+        if pa.types.is_string(self.arrow):
+            return Annotated[str, Field(min_length=self.min_chars, max_length=self.max_chars)]
+        return bool
+
+
+@dataclass(frozen=True)
+class Table:
+    """A stored table: its columns in order and its primary key."""
+
+    name: str
+    columns: tuple[Column, ...]
+    primary_key: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def column(self, name: str) -> Column:
+        return next(c for c in self.columns if c.name == name)
+
+    def wire_columns(self) -> tuple[Column, ...]:
+        return tuple(c for c in self.columns if c.wire)
+
+    def ddl(self) -> str:
+        cols = [f"{c.name} {c.sql}" for c in self.columns]
+        if self.primary_key:
+            cols.append(f"PRIMARY KEY ({', '.join(self.primary_key)})")
+        return f"CREATE TABLE IF NOT EXISTS {self.name} ({', '.join(cols)});"
+
+    def add_missing_columns(self) -> str:
+        # files written by an older forksight lack columns added since; adding them keeps old files usable
+        return "".join(f"ALTER TABLE {self.name} ADD COLUMN IF NOT EXISTS {c.name} {c.sql};"
+                       for c in self.columns if c.name not in self.primary_key)
+
+    def arrow_schema(self, run_id: bool = False) -> pa.Schema:
+        """What the writer inserts; run_id is added by the INSERT itself unless asked for."""
+        return pa.schema([(c.name, c.arrow) for c in self.columns if run_id or c.name != "run_id"])
+
+
+def _run_id() -> Column:
+    return Column("run_id", pa.string(), "the run's id", required=True, wire=False)
+
+
+def _step() -> Column:
+    return Column("step", pa.int64(), "training step", required=True, ge=0, lt=MAX_STEP)
+
+
+def _rank() -> Column:
+    return Column("rank", pa.int32(), "the producing rank (per batch on the wire)", wire=False)
+
+
+def _short(name: str, help: str) -> Column:
+    return Column(name, pa.string(), help, max_chars=MAX_SHORT_CHARS)
+
+
+RUNS = Table("runs", (
+    Column("run_id", pa.string(), "the run's id: its name unless taken (then name-2, ...)", wire=False),
+    _short("name", "the name it was created with"),
+    _short("project", "free grouping"),
+    Column("created_at", pa.float64(), "unix seconds"),
+    Column("status", pa.string(), "live, finished, crashed, failed or stopped"),
+    _short("strategy", "token-selection strategy"),
+    _short("model", "model name or path"),
+    Column("config", pa.string(), "the run's config as JSON"),
+    Column("heartbeat", pa.float64(), "unix seconds of the last sign of life"),
+), primary_key=("run_id",))
+
+SCALARS = Table("scalars", (
+    _run_id(), _step(),
+    Column("key", pa.string(), "scalar name, e.g. entropy/mean", required=True, min_chars=1,
+           max_chars=MAX_KEY_CHARS),
+    Column("value", pa.float64(), "finite value", required=True),
+    Column("wall_time", pa.float64(), "unix seconds (default: when logged)"),
+    _rank(),
+    Column("weight", pa.float64(), "token count, for the rank merge", ge=0),
+))
+
+TOKENS = Table("tokens", (
+    _run_id(), _step(), _rank(),
+    Column("sample_id", pa.int64(), "sequence id (unique across ranks)", required=True, ge=0),
+    Column("pos", pa.int32(), "position in the completion", required=True, ge=0),
+    Column("token_id", pa.int32(), "vocabulary id"),
+    Column("token", pa.string(), "decoded token text", max_chars=MAX_TOKEN_CHARS),
+    Column("entropy", pa.float32(), "Shannon entropy H (nats)"),
+    Column("renyi2", pa.float32(), "Rényi-2 entropy (nats)"),
+    Column("js", pa.float32(), "JS divergence to the group's mean distribution"),
+    Column("logp", pa.float32(), "log p of the sampled token"),
+    Column("top1", pa.float32(), "largest probability"),
+    Column("fork", pa.bool_(), "H >= the fork threshold"),
+    Column("selected", pa.bool_(), "the loss trained on this token"),
+    Column("env", pa.bool_(), "environment text (a tool response, the next turn's header): shown in "
+           "place, never sampled from the policy nor scored"),
+))
+
+SAMPLES = Table("samples", (
+    _run_id(), _step(), _rank(),
+    Column("sample_id", pa.int64(), "sequence id (unique across ranks)", required=True, ge=0),
+    Column("group_id", pa.int64(), "prompt group", ge=0),
+    Column("prompt", pa.string(), "prompt text", max_chars=MAX_TEXT_CHARS),
+    Column("completion", pa.string(), "completion text", max_chars=MAX_TEXT_CHARS),
+    Column("reward", pa.float64(), "reward"),
+    Column("correct", pa.bool_(), "verified correct"),
+    Column("length", pa.int32(), "completion tokens", ge=0),
+    _short("source", "where the trajectory came from (sampled, teacher, ...)"),
+))
+
+HISTOGRAMS = Table("histograms", (
+    _run_id(), _step(), _rank(),
+    Column("key", pa.string(), "histogram name, e.g. entropy", required=True, min_chars=1,
+           max_chars=MAX_KEY_CHARS),
+    Column("bin_lo", pa.float64(), "bin's lower edge", wire=False),
+    Column("bin_hi", pa.float64(), "bin's upper edge", wire=False),
+    Column("count", pa.float64(), "values in the bin", wire=False),
+))
+
+ALERTS = Table("alerts", (
+    _run_id(), _step(),
+    Column("wall_time", pa.float64(), "unix seconds"),
+    Column("detector", pa.string(), "what fired"),
+    Column("severity", pa.string(), "warning or critical"),
+    Column("message", pa.string(), "what was seen, with the numbers"),
+    Column("value", pa.float64(), "the statistic that crossed the threshold"),
+    Column("threshold", pa.float64(), "the threshold it crossed"),
+    Column("forecast", pa.int64(), "predicted step of the crossing"),
+    Column("action", pa.string(), "the recommended fix"),
+))
+
+BATCHES = Table("batches", (
+    _run_id(),
+    Column("batch_id", pa.string(), "the producer's idempotency key"),
+    Column("received_at", pa.float64(), "unix seconds"),
+    Column("digest", pa.string(), "hash of the batch's content: a reused id with other content is refused"),
+), primary_key=("run_id", "batch_id"))
+
+DATA_TABLES = ("scalars", "tokens", "samples", "histograms")   # what a batch carries
+TABLES = {t.name: t for t in (RUNS, SCALARS, TOKENS, SAMPLES, HISTOGRAMS, ALERTS, BATCHES)}
+
+# the per-token columns producers send (Arrow IPC bodies and JSON token blocks)
+TOKEN_COLUMNS = {c.name: c for c in TOKENS.wire_columns()}
+# the fields of a sample row a sink keeps (step comes from the call)
+SAMPLE_FIELDS = tuple(c.name for c in SAMPLES.wire_columns() if c.name != "step")
+
+
+def schema_sql() -> str:
+    """The DDL of every table, plus the columns older files lack."""
+    return "\n".join(t.ddl() + t.add_missing_columns() for t in TABLES.values())

@@ -1,0 +1,104 @@
+"""The composition root: the collector's API, its guard and the dashboard in one ASGI app, and
+the collector running in a thread of this process (`serve`, `Collector`, the embedded default)."""
+# monitor/ and dashboard/ know nothing of each other: this module wires them. Dash loads only
+# when a dashboard is asked for.
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from urllib.parse import urlparse
+
+from fastapi import FastAPI
+
+from forksight.monitor.collector.guard import GuardMiddleware, check_bind
+from forksight.monitor.collector.server import create_api
+from forksight.monitor.collector.store import Store
+
+log = logging.getLogger("forksight.compose.app")
+
+
+def create_app(store: Store, *, token: str | None = None, dashboard: bool = True, hub=None) -> FastAPI:
+    """The collector app over `store`: /api routes first, the Dash dashboard at /, all behind the guard."""
+    app = create_api(store, hub=hub)      # hub: the AlertHub (None: the environment's defaults)
+    if dashboard:
+        _mount_dashboard(app, store.reader)
+    app.add_middleware(GuardMiddleware, token=token)
+    return app
+
+
+def _mount_dashboard(app: FastAPI, reader) -> None:
+    # mounted after the /api routes, so they match first
+    from a2wsgi import WSGIMiddleware
+
+    from forksight.compose.dash_guard import guard_callbacks
+    from forksight.dashboard.app import create_dash
+
+    try:
+        dash_app = create_dash(reader, url_base="/")
+    except Exception:  # noqa: BLE001 - a broken page must not take ingest down with it
+        log.exception("forksight: the dashboard failed to start; serving the API only")
+        return
+    guard_callbacks(dash_app)
+    app.mount("/", WSGIMiddleware(dash_app.server))
+
+
+class Collector:
+    """A collector running in a daemon thread of this process (the embedded default, tests)."""
+
+    def __init__(self, db: str, host: str = "127.0.0.1", port: int = 8050, token: str | None = None,
+                 dashboard: bool = True):
+        import uvicorn
+
+        check_bind(host, token)
+        self.store = Store(db)
+        self.app = create_app(self.store, token=token, dashboard=dashboard)
+        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host or '127.0.0.1'}:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning",
+                                                    access_log=False, timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, name="forksight-collector", daemon=True)
+
+    def start(self, timeout: float = 20.0) -> "Collector":
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.store.close()
+                raise RuntimeError(f"the embedded collector could not start on {self.url} (port in use?)")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, then write what is queued and close the DuckDB file."""
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.store.close()
+
+
+def serve(db: str, host: str = "127.0.0.1", port: int = 8050, token: str | None = None,
+          dashboard: bool = True) -> Collector:
+    """Start a collector (API + dashboard) in a thread of this process; `.stop()` ends it."""
+    return Collector(db, host=host, port=port, token=token, dashboard=dashboard).start()
+
+
+_embedded: list[Collector] = []
+
+
+def start_embedded(url: str, db: str, token: str | None = None) -> Collector:
+    """Start a collector in this process at url (loopback), on `db`; stopped at exit."""
+    parsed = urlparse(url)
+    collector = Collector(db, host=parsed.hostname or "127.0.0.1", port=parsed.port or 8050, token=token).start()
+    log.warning("forksight: started an embedded collector on %s (db %s); it lives as long as this process",
+                collector.url, db)
+    _embedded.append(collector)
+    # after the Store imported duckdb, so it runs before DuckDB's exit hook (see sink_base._track),
+    # and before any sink opened on it registers its own finish, which must run first
+    atexit.unregister(_stop_embedded)
+    atexit.register(_stop_embedded)
+    return collector
+
+
+def _stop_embedded() -> None:
+    while _embedded:
+        _embedded.pop().stop()

@@ -1,0 +1,179 @@
+"""`forksight demo`: the whole product in one command. Starts the collector with the dashboard
+on 127.0.0.1:8050, prepares the tiny model once, then trains `all` (plain GRPO), `fork` and `ict`
+side by side with one task, seed and learning rate — three processes streaming to one
+collector — printing one status line per run until the runs end or Ctrl-C.
+
+The default preset is `collapse`: a reward whose optimum is one fixed string at a high learning
+rate. Plain GRPO collapses first (the warning ~15 steps before entropy is gone); training only
+fork tokens or ICT tokens holds out longer under the very same settings — the contrast the
+papers report, live.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `forksight demo`."""
+    parser = subparsers.add_parser(
+        "demo", help="Train all/fork/ict side by side on the tiny model, live in the dashboard.",
+        description="Starts a collector with the dashboard, then three training processes.")
+    parser.add_argument("--db", default="forksight-demo.duckdb", help="DuckDB file of the demo.")
+    parser.add_argument("--host", default="127.0.0.1", help="Collector address (loopback).")
+    parser.add_argument("--port", type=int, default=8050, help="Collector port.")
+    parser.add_argument("--preset", default="collapse",
+                        help="Trainer preset every run starts from (see `forksight train --help`).")
+    parser.add_argument("--steps", type=int, default=100, help="RL steps per run.")
+    parser.add_argument("--strategies", default="all,fork,ict",
+                        help="Comma-separated strategies to train side by side.")
+    parser.add_argument("--seed", type=int, default=0, help="One seed for every run.")
+    parser.add_argument("--duration", type=float, default=0,
+                        help="Stop after this many seconds (0 = when the runs end, then keep "
+                             "serving the dashboard until Ctrl-C).")
+    parser.add_argument("--exit-when-done", action="store_true",
+                        help="Exit when the runs end instead of serving the dashboard.")
+    parser.add_argument("--train-arg", action="append", default=[], metavar="FLAG=VALUE",
+                        help="Extra `forksight train` flag for every run, e.g. --train-arg "
+                             "prompts-per-step=4 (repeatable).")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _train_argv(strategy: str, args: argparse.Namespace, url: str) -> list[str]:
+    argv = [sys.executable, "-m", "forksight", "train", "--preset", args.preset,
+            "--strategy", strategy, "--steps", str(args.steps), "--seed", str(args.seed),
+            "--url", url, "--run", f"demo-{strategy}", "--no-progress"]
+    extra: dict[str, str] = {}
+    for item in args.train_arg:
+        key, _, value = item.partition("=")
+        extra[key.strip().lstrip("-")] = value
+    for key, value in extra.items():
+        argv += [f"--{key.replace('_', '-')}", value]
+    return argv
+
+
+def _status_line(reader, run_id: str, proc: subprocess.Popen) -> str:
+    df = reader.read_scalars(run_id, ["entropy/mean", "reward/mean", "pass@1"], downsample=2)
+    latest = {k: (int(g.step.iloc[-1]), float(g.value.iloc[-1])) for k, g in df.groupby("key")}
+    step = max((v[0] for v in latest.values()), default=None)
+    alerts = reader.read_alerts(run_id)
+    state = "running" if proc.poll() is None else ("done" if proc.returncode == 0 else f"exit {proc.returncode}")
+
+    def fmt(key: str) -> str:
+        return f"{latest[key][1]:.3f}" if key in latest else "-"
+
+    last_alert = f"  ALERT {alerts.detector.iloc[-1]} ({alerts.severity.iloc[-1]})" if len(alerts) else ""
+    return (f"  {run_id:<12} {state:<8} step {step if step is not None else '-':>4}  "
+            f"H {fmt('entropy/mean'):>6}  reward {fmt('reward/mean'):>6}  pass@1 {fmt('pass@1'):>6}"
+            f"{last_alert}")
+
+
+def _run_ids(reader, procs: dict) -> dict[str, str]:
+    """Run name → the newest run id with that name (a rerun on the same file gets name-2…)."""
+    runs = reader.list_runs().sort_values("created_at")
+    return {name: runs.run_id[runs.name == name].iloc[-1] for name in procs if (runs.name == name).any()}
+
+
+def _prepare_models(args: argparse.Namespace) -> None:
+    """Warm up once here so the three trainers start from the same cached model at once."""
+    from forksight.trainer.config import load_config
+    from forksight.trainer.loop import resolve_models
+    from forksight.trainer.tasks import make_task
+
+    config = load_config(None, args.preset, {"seed": args.seed})
+    task = make_task(config.task, level=config.level, reverse=config.reverse, path=config.task_path)
+    print("forksight demo: preparing the tiny model and its warm-up (cached after the first run)")
+    resolve_models(config, task, 0, 1)
+
+
+def _stop(procs: dict[str, subprocess.Popen], grace: float = 15.0) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # trainers flush their sinks on KeyboardInterrupt
+    deadline = time.monotonic() + grace
+    for proc in procs.values():
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve, train side by side, report, and shut down cleanly."""
+    from forksight.compose.app import Collector
+
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    started = time.monotonic()
+    # Ctrl-C / SIGTERM set a flag the loop polls: an exception raised into whatever runs at that
+    # moment (a DuckDB query, a print) would skip the clean shutdown below
+    stop = threading.Event()
+
+    def on_signal(*_):
+        if stop.is_set():      # a second Ctrl-C (e.g. during the warm-up): stop right away
+            raise KeyboardInterrupt
+        stop.set()
+        print("\nforksight demo: stopping after the current step (Ctrl-C again to force)…", flush=True)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    try:
+        collector = Collector(args.db, host=args.host, port=args.port).start()
+    except ValueError:
+        print(f"forksight demo: --host {args.host!r} is not loopback; the demo serves loopback only "
+              "(e.g. 127.0.0.1). For a collector on the network run `forksight serve --token T`.",
+              file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"forksight demo: {exc}. Is another `forksight serve`/demo running? Use --port.",
+              file=sys.stderr)
+        return 1
+    print(f"forksight demo: dashboard at {collector.url}/  (Ctrl-C to stop; data in {args.db})",
+          flush=True)
+    procs: dict[str, subprocess.Popen] = {}
+    log_dir = Path(".forksight") / "demo"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        _prepare_models(args)
+        if stop.is_set():
+            return 0
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        for strategy in strategies:
+            log_file = open(log_dir / f"{strategy}.log", "w")
+            procs[f"demo-{strategy}"] = subprocess.Popen(
+                _train_argv(strategy, args, collector.url), env=env, stdout=log_file,
+                stderr=subprocess.STDOUT,
+                # own session: a terminal Ctrl-C reaches only the demo, which then sends each
+                # trainer exactly one SIGINT (a second one would cut its checkpoint and flush)
+                start_new_session=True)
+        print(f"forksight demo: training {', '.join(strategies)} "
+              f"(logs in {log_dir}/); first data in the dashboard within seconds", flush=True)
+        reader = collector.store.reader
+        while not stop.wait(3):
+            ids = _run_ids(reader, procs)
+            lines = [_status_line(reader, ids[name], proc) if name in ids else f"  {name:<12} starting"
+                     for name, proc in procs.items()]
+            print(f"[{time.monotonic() - started:6.0f}s]\n" + "\n".join(lines), flush=True)
+            if args.duration and time.monotonic() - started >= args.duration:
+                break
+            if all(p.poll() is not None for p in procs.values()):
+                print("forksight demo: all runs ended.", flush=True)
+                if args.exit_when_done or args.duration:
+                    break
+                print(f"forksight demo: the dashboard stays up at {collector.url}/ — Ctrl-C to exit.")
+                stop.wait()
+    finally:
+        _stop(procs)
+        collector.stop()
+    failed = [name for name, p in procs.items() if p.returncode not in (0, -signal.SIGINT, 130)]
+    if failed:
+        print(f"forksight demo: {', '.join(failed)} failed; see {log_dir}/", file=sys.stderr)
+    return 1 if failed else 0

@@ -1,0 +1,177 @@
+"""`forksight.attach(model, ...)`: forward hooks turn what a training forward already produced (logits, or a
+fused head's entropy/log p plus hidden states × W for sampled groups) into per-token statistics and stream
+them; no_grad, detached, no hook returns a value (DESIGN.md "Where the per-token numbers come from")."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from forksight.hooks.capture.forward import ForwardCapture
+from forksight.hooks.capture.forward_stats import ForwardRecord, ForwardStats
+from forksight.hooks.capture.report import StepReporter
+from forksight.hooks.capture.sample_log import SampleLog, sample_rows
+from forksight.hooks.capture.step_buffer import StepBuffer
+
+
+class AttachHandle:
+    """Hooks on one model, a context manager (`detach()` removes all). Stages: ForwardCapture (hooks) →
+    ForwardStats (per forward) → StepBuffer (a step as one batch) → StepReporter; SampleLog holds rewards."""
+
+    def __init__(self, model: torch.nn.Module, sink, *, tokenizer=None, owns_sink: bool = True,
+                 group_size: int | None = None, sample: int = 1, every: int = 1,
+                 js_groups: int | str | None = None, js_budget: float = 0.02,
+                 temperature: float = 1.0, chunk_size: int = 1024,
+                 optimizer: torch.optim.Optimizer | None = None, auto_step: bool = True,
+                 start_step: int = 0):
+        if every < 1:
+            raise ValueError(f"every must be >= 1 (report every N-th step), got {every}")
+        if group_size is not None and group_size < 1:
+            raise ValueError(f"group_size must be >= 1 (completions per prompt), got {group_size}")
+        if not (js_groups is None or js_groups == "all" or (isinstance(js_groups, int) and js_groups >= 0)):
+            raise ValueError(f"js_groups must be None (budget), 'all' or an int >= 0, got {js_groups!r}")
+        if not 0.0 <= js_budget <= 1.0:
+            raise ValueError(f"js_budget is a fraction of the training LM-head work, in [0, 1]; got {js_budget}")
+        self.model = model
+        self.sink = sink
+        self.owns_sink = owns_sink
+        self.reporter = StepReporter(sink, tokenizer=tokenizer, token_groups=sample)
+        self.group_size = group_size
+        self.every = every
+        self.auto_step = auto_step and optimizer is None
+        self.step = start_step  # the step being accumulated
+        # TRL logs each micro-batch's mean and averages those: integrations that compare with it set this
+        self.per_forward_means = False
+        self.buffer = StepBuffer()
+        self.samples = SampleLog(sink)
+        self.capture = ForwardCapture(model, on_logits=self._on_logits, on_fused=self._on_fused,
+                                      optimizer=optimizer, on_optimizer_step=self.flush)
+        self.stats = ForwardStats(model, self.capture.head, group_size=group_size, js_groups=js_groups,
+                                  js_budget=js_budget, temperature=temperature, chunk_size=chunk_size,
+                                  warn_once=self.capture.warn_once)
+
+    # ------------------------------------------------------------------ what integrations set
+    @property
+    def enabled(self) -> bool:
+        return self.capture.enabled
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        self.capture.enabled = on
+
+    @property
+    def row_index_fn(self) -> Callable[[Tensor], list[int] | None] | None:
+        return self.stats.row_index_fn
+
+    @row_index_fn.setter
+    def row_index_fn(self, fn) -> None:
+        self.stats.row_index_fn = fn
+
+    @property
+    def selection_fn(self) -> Callable[[Tensor, Tensor], Tensor | None] | None:
+        return self.stats.selection_fn
+
+    @selection_fn.setter
+    def selection_fn(self, fn) -> None:
+        self.stats.selection_fn = fn
+
+    @property
+    def env_mask_fn(self) -> Callable[[list[int], int], Tensor | None] | None:
+        return self.stats.env_mask_fn
+
+    @env_mask_fn.setter
+    def env_mask_fn(self, fn) -> None:
+        self.stats.env_mask_fn = fn
+
+    @property
+    def num_rows(self) -> int | None:
+        return self.buffer.num_rows
+
+    @num_rows.setter
+    def num_rows(self, n: int | None) -> None:
+        self.buffer.num_rows = n
+
+    # ------------------------------------------------------------------ forwards
+    def _on_logits(self, ctx: dict, logits: Tensor) -> None:
+        self._add(self.stats.from_logits(ctx, logits, self.buffer.rows_seen()))
+
+    def _on_fused(self, ctx: dict, kwargs: dict, out) -> None:
+        self._add(self.stats.from_fused(ctx, kwargs, out, self.buffer.rows_seen()))
+
+    def _add(self, record: ForwardRecord) -> None:
+        self.buffer.add(record)
+        if self.auto_step:
+            self.flush()
+
+    # ------------------------------------------------------------------ steps
+    def log_samples(self, step: int | None, prompts: Sequence, completions: Sequence,
+                    rewards: Sequence[float], correct: Sequence[bool] | None = None,
+                    group_ids: Sequence[int] | None = None, *, sample_ids: Sequence[int] | None = None,
+                    source: str = "", scalars: bool = True) -> None:
+        """Rewards and verdicts of a step's completions (step None: the one being accumulated); rows align
+        with the forward's rows unless sample_ids says otherwise, group_ids default to sample_id //
+        group_size; scalars=False stores rows only (reward/pass@k logged elsewhere, e.g. by rank 0)."""
+        rows = sample_rows(prompts, completions, rewards, correct, group_ids, sample_ids, self.group_size, source)
+        self.samples.add(self.step if step is None else int(step), rows, self.step, scalars)
+
+    def flush(self, step: int | None = None, extra: dict[str, float] | None = None,
+              advantages: Sequence[float] | None = None) -> dict[str, float] | None:
+        """Report the buffered forwards as one step (default: the step being accumulated).
+
+        advantages are per sample index (TRL: the generation batch); returns the step's scalars.
+        """
+        step = self.step if step is None else int(step)
+        records = self.buffer.take()
+        self.step = step + 1
+        lengths = {i: int(n) for r in records for i, n in zip(r.index, r.mask.sum(1).tolist())}
+        self.samples.release(step, lengths)
+        if not records or step % self.every:
+            return None
+        return self.buffer.report(self.reporter, step, records, group_size=self.group_size, extra=extra,
+                                  advantages=advantages, per_forward_means=self.per_forward_means)
+
+    def set_step(self, step: int) -> None:
+        """Use your loop's step counter for the forwards that follow."""
+        self.step = int(step)
+
+    # ------------------------------------------------------------------ lifetime
+    def detach(self, finish: bool | None = None) -> None:
+        """Remove every hook, report what is buffered, and finish the sink if attach opened it."""
+        self.capture.remove()
+        if self.buffer.records:
+            self.flush()
+        self.samples.drain()
+        if self.owns_sink if finish is None else finish:
+            self.sink.finish()
+
+    def __enter__(self) -> "AttachHandle":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.detach(finish=False)
+        if self.owns_sink:
+            self.sink.finish(status="crashed" if exc_type else "finished")
+
+
+def attach(model: torch.nn.Module, run: str = "run", *, url: str | None = None, db: str | None = None,
+           sink=None, tokenizer=None, sample: int = 1, every: int = 1, group_size: int | None = None,
+           js_groups: int | str | None = None, js_budget: float = 0.02, temperature: float = 1.0,
+           chunk_size: int = 1024, optimizer: torch.optim.Optimizer | None = None,
+           project: str = "default", stop_on_alert: bool = False, config: dict | None = None) -> AttachHandle:
+    """Watch any HF causal LM / PyTorch LM: per-token stats of every training forward go to forksight.
+
+    One step per training forward (or per `optimizer.step()` when optimizer is given); rewards
+    and verdicts join with `handle.log_samples(...)`. `sample` groups keep per-token rows per step.
+    """
+    from forksight.monitor.sinks.client import open_sink
+
+    owns = sink is None
+    if sink is None:
+        sink = open_sink(run=run, url=url, db=db, project=project, stop_on_alert=stop_on_alert,
+                         model=getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__,
+                         config={"vocab_size": getattr(getattr(model, "config", None), "vocab_size", None),
+                                 **(config or {})})
+    return AttachHandle(model, sink, tokenizer=tokenizer, owns_sink=owns, group_size=group_size, sample=sample,
+                        every=every, js_groups=js_groups, js_budget=js_budget, temperature=temperature,
+                        chunk_size=chunk_size, optimizer=optimizer)

@@ -1,0 +1,1 @@
+"""forksight.hooks.integrations: the trainers people already run (TRL's GRPOTrainer, verl)."""

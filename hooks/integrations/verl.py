@@ -1,0 +1,281 @@
+"""verl's `forksight` logger backend: `trainer.logger='[console,forksight]'`.
+
+Every metric verl logs is stored under verl's own name (the policy loss, grad norm and KL
+loss also as TRL's `loss`, `grad_norm`, `kl`, which the run page plots). On the legacy trainer
+the post-import patches (hooks/integrations/verl_install.py) also hand over each step's per-token tensors:
+entropy and log p as `_compute_old_log_prob` returned them, Σp² when `actor.calculate_sum_pi_squared=True`
+(H2 = -log Σp²), and the finished batch (responses, response_mask, token_level_scores,
+advantages, `uid`). StepReporter turns them into the same records a TRL run produces, so pass@k,
+the tokens page and every alert work. Top-1 and JS need full distributions, which only the
+workers see: hooks/integrations/verl_worker.py computes them there on the old-log-prob pass (NaN = "not
+computed", stored as null, where a group was split or the logits were never built).
+
+Settings come from `+trainer.forksight.<name>=...` (or FORKSIGHT_<NAME>): url, db, run, project,
+stop_on_alert, token_groups, correct_key, correct_threshold, allow_unknown_version, worker_stats
+(top-1/JS from the workers, default on). With neither
+url nor db, open_sink's default applies ($FORKSIGHT_URL, else an embedded collector).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from forksight.hooks.integrations.verl_state import STATE, check_version, verl_version
+
+log = logging.getLogger("forksight.verl")
+
+# what the last finished backend measured: driver seconds spent in forksight's hooks, steps reported
+LAST_RUN: dict[str, float] = {}
+
+# verl's names for what the run page plots under TRL's names: stored under both
+TRL_NAMES = {"actor/pg_loss": "loss", "actor/grad_norm": "grad_norm", "actor/kl_loss": "kl"}
+
+_DEFAULTS = {"url": None, "db": None, "run": None, "project": None, "stop_on_alert": False, "token_groups": 1,
+             "correct_key": "acc", "correct_threshold": 1.0, "allow_unknown_version": False, "worker_stats": True}
+
+
+def _truthy(value: Any) -> bool:
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def settings_from(config: Mapping | None) -> dict[str, Any]:
+    """`trainer.forksight` of verl's config over FORKSIGHT_* environment variables over defaults."""
+    out = dict(_DEFAULTS)
+    for key in out:
+        if key in ("url", "db"):      # open_sink reads FORKSIGHT_URL / FORKSIGHT_DB itself (embedded fallback)
+            continue
+        env = os.environ.get(f"FORKSIGHT_{key.upper()}")
+        if env is not None:
+            out[key] = env
+    section = ((config or {}).get("trainer") or {}).get("forksight") or {}
+    unknown = set(section) - set(_DEFAULTS)
+    if unknown:
+        raise ValueError(f"forksight.verl: unknown trainer.forksight settings {sorted(unknown)}; "
+                         f"known: {sorted(_DEFAULTS)}")
+    out.update({k: v for k, v in section.items() if v is not None})
+    out["stop_on_alert"] = _truthy(out["stop_on_alert"])
+    out["allow_unknown_version"] = _truthy(out["allow_unknown_version"])
+    out["worker_stats"] = _truthy(out["worker_stats"])
+    out["token_groups"] = int(out["token_groups"])
+    out["correct_threshold"] = float(out["correct_threshold"])
+    return out
+
+
+def _select(config: Mapping | None, dotted: str) -> Any:
+    node: Any = config or {}
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _run_config(config: Mapping | None, version: str) -> dict[str, Any]:
+    """The few settings that explain a verl run on the dashboard's run page."""
+    actor, rollout = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout."
+    keys = {"rollout_n": rollout + "n", "temperature": rollout + "temperature",
+            "adv_estimator": "algorithm.adv_estimator", "loss_agg_mode": actor + "loss_agg_mode",
+            "learning_rate": actor + "optim.lr", "entropy_coeff": actor + "entropy_coeff",
+            "train_batch_size": "data.train_batch_size", "max_response_length": "data.max_response_length",
+            "use_kl_loss": actor + "use_kl_loss", "clip_ratio_high": actor + "clip_ratio_high"}
+    out: dict[str, Any] = {"verl": version}
+    out.update({name: _select(config, path) for name, path in keys.items()})
+    path = _select(config, "actor_rollout_ref.model.path")
+    try:                                              # the explosion detector's log|V|
+        import json
+
+        with open(os.path.join(str(path), "config.json")) as f:
+            out["vocab_size"] = json.load(f).get("vocab_size")
+    except (OSError, ValueError, TypeError):
+        pass
+    return out
+
+
+class ForksightLogger:
+    """One verl Tracking backend: opens the sink, stores verl's metrics, reports each step."""
+
+    def __init__(self, project_name: str, experiment_name: str, config: Mapping | None = None):
+        from forksight.monitor.sinks.client import open_sink
+
+        self.settings = settings_from(config)
+        version = verl_version()
+        self.per_token = True
+        try:
+            check_version(version)
+        except RuntimeError:
+            if not self.settings["allow_unknown_version"]:
+                raise
+            self.per_token = False
+            log.warning("forksight: verl %s is unknown; streaming verl's logged metrics only", version)
+        s = self.settings
+        self.model_path = _select(config, "actor_rollout_ref.model.path")
+        self.sink = open_sink(run=s["run"] or experiment_name or "verl", url=s["url"], db=s["db"],
+                              project=s["project"] or project_name or "default",
+                              strategy=f"verl-{_select(config, 'algorithm.adv_estimator') or 'ppo'}",
+                              model=str(self.model_path) if self.model_path else None,
+                              config=_run_config(config, version or "?"), stop_on_alert=s["stop_on_alert"])
+        self._reporter = None
+        self._tokens: dict[str, Any] | None = None     # from _compute_old_log_prob, keyed by step
+        self._batch: dict[str, Any] | None = None      # from compute_data_metrics
+        self._finished = False
+        self.overhead_s = 0.0                          # time spent in forksight's hooks (driver)
+        self.steps_reported = 0
+        if STATE.trainer is None and self.per_token:
+            log.warning("forksight: no legacy RayPPOTrainer.fit() is running (verl's v1 trainer or a custom loop): "
+                        "storing verl's logged metrics only; per-token statistics, samples, pass@k and "
+                        "stop_on_alert need trainer.use_v1=False")
+        STATE.logger = self
+
+    # ------------------------------------------------------------------ hand-over from the trainer
+    def guard(self, fn, *args) -> None:
+        """Run a hook; a failure loses that step's per-token records, never the user's run."""
+        t0 = time.perf_counter()
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("forksight: per-token records skipped (%r)", exc)
+        finally:
+            self.overhead_s += time.perf_counter() - t0
+
+    def note_old_log_prob(self, step: int, old_log_prob, seen: dict | None = None) -> None:
+        """Keep references to the step's entropy, log p and Σp² (verl pops the entropy next),
+        and the workers' top-1/JS when they sent them (`seen`: the worker call's input, output)."""
+        if not self.per_token:
+            return
+        tensors = old_log_prob.batch
+        self._tokens = {"step": step, "entropy": tensors.get("entropys"), "logp": tensors.get("old_log_probs"),
+                        "sum_pi_squared": tensors.get("sum_pi_squared")}
+        output = (seen or {}).get("output")
+        if output is not None and "forksight_top1" in output.keys():
+            from forksight.hooks.integrations.verl_worker import padded
+
+            for name in ("top1", "js"):
+                self._tokens[name] = padded(output[f"forksight_{name}"], seen["batch_td"])
+
+    def note_batch(self, step: int, batch) -> None:
+        """Keep the finished batch of this step (reported when verl logs the step's metrics)."""
+        if not self.per_token:
+            return
+        self._batch = {"step": step, "tensors": batch.batch, "non_tensor": batch.non_tensor_batch}
+
+    # ------------------------------------------------------------------ Tracking interface
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        t0 = time.perf_counter()
+        values = {}
+        for key, value in data.items():
+            if hasattr(value, "item") and getattr(value, "size", 1) == 1:
+                value = value.item()
+            if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+                values[str(key)] = float(value)
+        for verl_name, trl_name in TRL_NAMES.items():
+            if verl_name in values and trl_name not in values:
+                values[trl_name] = values[verl_name]
+        if values:
+            self.sink.log_scalars(step, values)
+        if self._batch is not None and self._batch["step"] == step:
+            batch, self._batch = self._batch, None
+            tokens = self._tokens if self._tokens is not None and self._tokens["step"] == step else None
+            self._tokens = None
+            try:
+                self.report(step, batch, tokens)
+                self.steps_reported += 1
+            except Exception as exc:  # noqa: BLE001
+                log.warning("forksight: step %d's per-token records skipped (%r)", step, exc)
+        if self.settings["stop_on_alert"]:
+            # alerts come back from the writer asynchronously: wait for this step's, so a critical
+            # alert at step s always stops the run before step s+1 generates (ms per step)
+            self.sink.await_alerts()
+        self.overhead_s += time.perf_counter() - t0
+
+    def should_stop(self) -> bool:
+        return self.sink.should_stop
+
+    def last_alert(self) -> str:
+        last = self.sink.alerts[-1] if self.sink.alerts else {}
+        return str(last.get("message", last))
+
+    def finish(self, status: str = "finished") -> None:
+        if self._finished:
+            return
+        self._finished = True
+        LAST_RUN.update(overhead_s=self.overhead_s, steps_reported=self.steps_reported)
+        if STATE.logger is self:
+            STATE.logger = None
+        self.sink.finish(status=status)
+
+    # ------------------------------------------------------------------ one step's records
+    def _tokenizer(self):
+        tokenizer = getattr(STATE.trainer, "tokenizer", None)
+        if tokenizer is None and self.model_path and os.path.isdir(str(self.model_path)):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+        return tokenizer
+
+    def _verdicts(self, non_tensor: Mapping, rewards: np.ndarray) -> list[bool]:
+        key = self.settings["correct_key"]
+        if key and key in non_tensor:
+            return [bool(v) and not (isinstance(v, float) and math.isnan(v)) for v in np.asarray(non_tensor[key])]
+        return [bool(r >= self.settings["correct_threshold"]) for r in rewards]
+
+    def report(self, step: int, batch: dict, tokens: dict | None) -> dict[str, float]:
+        """Samples, groups and (when the entropy was caught) per-token statistics of one step."""
+        import torch
+
+        from forksight.hooks.metrics import TokenStats
+        from forksight.hooks.capture.report import StepReporter
+
+        if self._reporter is None:
+            self._reporter = StepReporter(self.sink, tokenizer=self._tokenizer(),
+                                          token_groups=self.settings["token_groups"])
+        tensors, non_tensor = batch["tensors"], batch["non_tensor"]
+        responses = tensors["responses"]
+        mask = tensors["response_mask"].bool()
+        uids = list(non_tensor["uid"])
+        first_seen = {uid: k for k, uid in enumerate(dict.fromkeys(uids))}
+        group_ids = [first_seen[u] for u in uids]
+        rewards = tensors["token_level_scores"].sum(-1).float().cpu().numpy()
+        samples = self._samples(tensors, mask, rewards, self._verdicts(non_tensor, rewards))
+        advantages = tensors.get("advantages")
+        entropy = tokens.get("entropy") if tokens else None
+        if entropy is None or tuple(entropy.shape) != tuple(mask.shape):
+            from forksight.hooks.metrics import group_scalars
+
+            scalars = group_scalars(group_ids, [s["reward"] for s in samples], [s["correct"] for s in samples])
+            self.sink.log_scalars(step, scalars)
+            self.sink.log_samples(step, StepReporter._sample_rows(samples, group_ids, mask, list(range(len(uids)))))
+            return scalars
+        not_computed = torch.full(mask.shape, float("nan"))
+        sum_sq = tokens.get("sum_pi_squared")
+        renyi2 = (-torch.log(sum_sq.float().clamp_min(1e-30)) if sum_sq is not None else not_computed)
+        logp = tensors.get("old_log_probs", tokens.get("logp"))
+        zero = torch.zeros(())
+        top1, js = tokens.get("top1"), tokens.get("js")
+        stats = TokenStats(entropy=torch.where(mask, entropy.float(), zero),
+                           renyi2=torch.where(mask, renyi2, zero) if sum_sq is not None else not_computed,
+                           top1=torch.where(mask, top1, zero) if top1 is not None else not_computed,
+                           logp=torch.where(mask, logp.float(), zero) if logp is not None else None,
+                           js=torch.where(mask, js, zero) if js is not None else None, mask=mask)
+        return self._reporter.report(step, stats, responses, group_ids=group_ids, advantages=advantages,
+                                     samples=samples)
+
+    def _samples(self, tensors, mask, rewards: np.ndarray, correct: list[bool]) -> list[dict]:
+        tokenizer = self._reporter.tokenizer
+        prompts = tensors["prompts"]
+        width = prompts.shape[1]
+        prompt_mask = tensors["attention_mask"][:, :width].bool()
+        prompt_ids = [row[m].tolist() for row, m in zip(prompts, prompt_mask)]
+        response_ids = [row[m].tolist() for row, m in zip(tensors["responses"], mask)]
+        if tokenizer is not None:
+            prompt_text = tokenizer.batch_decode(prompt_ids, skip_special_tokens=True)
+            completion_text = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+        else:
+            prompt_text = [" ".join(map(str, ids)) for ids in prompt_ids]
+            completion_text = [" ".join(map(str, ids)) for ids in response_ids]
+        return [{"prompt": p, "completion": c, "reward": float(r), "correct": k, "source": "verl"}
+                for p, c, r, k in zip(prompt_text, completion_text, rewards, correct)]

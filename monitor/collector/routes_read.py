@@ -1,0 +1,91 @@
+"""The collector's read routes (runs, one run's scalars, histograms, tokens, samples, counts;
+alerts): thin adapters over the Reader. Unknown run: 404; query integers beyond int64: 422."""
+# an empty list for an unknown run would read as "no data yet"; int64 is DuckDB's BIGINT, and a
+# larger number would reach the database and come back as a 500
+# no `from __future__ import annotations`: FastAPI must see the Annotated types of local aliases
+import json
+from typing import Annotated, Any, Callable
+
+import pandas as pd
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import Response
+
+from forksight.base.errors import ApiError
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+OptionalInt64 = Annotated[int | None, Query(ge=INT64_MIN, le=INT64_MAX)]
+Downsample = Annotated[int, Query(ge=1, le=100_000, description="at most this many points per series")]
+
+
+def frame_response(df: pd.DataFrame) -> Response:
+    """A DataFrame as JSON records, floats exact (shortest round-trip repr), NaN/NA -> null."""
+    import pyarrow as pa
+
+    rows = pa.Table.from_pandas(df, preserve_index=False).to_pylist()   # NaN -> None
+    return Response(json.dumps(rows, allow_nan=False), media_type="application/json")
+
+
+def _isna(value: Any) -> bool:
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def read_routes(reader, has_run: Callable[[str], bool]) -> APIRouter:
+    """GET routes over `reader`; `has_run(run_id)` decides 404 for the per-run ones."""
+    router = APIRouter()
+
+    def known_run(run_id: str) -> str:
+        if not has_run(run_id):
+            raise ApiError(404, f"unknown run {run_id!r}: see GET /api/runs for the stored run ids")
+        return run_id
+
+    Run = Annotated[str, Depends(known_run)]
+
+    @router.get("/api/runs")
+    def list_runs() -> Response:
+        return frame_response(reader.list_runs())
+
+    @router.get("/api/runs/{run_id}")
+    def get_run(run_id: Run) -> dict:
+        return {k: (None if _isna(v) else v) for k, v in reader.run(run_id).items()}   # Run: it exists
+
+    @router.get("/api/runs/{run_id}/scalar_keys")
+    def scalar_keys(run_id: Run) -> list[str]:
+        return reader.scalar_keys(run_id)
+
+    @router.get("/api/runs/{run_id}/scalars")
+    def scalars(run_id: Run, keys: str | None = Query(None, description="comma-separated keys"),
+                downsample: Downsample = 1000, since_step: OptionalInt64 = None) -> Response:
+        key_list = [k for k in keys.split(",") if k] if keys else None
+        return frame_response(reader.read_scalars(run_id, key_list, downsample=downsample, since_step=since_step))
+
+    @router.get("/api/runs/{run_id}/histograms")
+    def histograms(run_id: Run, key: str = "entropy", downsample: Downsample = 1000,
+                   since_step: OptionalInt64 = None) -> Response:
+        return frame_response(reader.read_histograms(run_id, key, downsample=downsample, since_step=since_step))
+
+    @router.get("/api/runs/{run_id}/token_steps")
+    def token_steps(run_id: Run) -> list[int]:
+        return reader.token_steps(run_id)
+
+    @router.get("/api/runs/{run_id}/tokens")
+    def tokens(run_id: Run, step: Annotated[int, Query(ge=INT64_MIN, le=INT64_MAX)],
+               sample_id: OptionalInt64 = None) -> Response:
+        return frame_response(reader.read_tokens(run_id, step, sample_id))
+
+    @router.get("/api/runs/{run_id}/samples")
+    def samples(run_id: Run, step: OptionalInt64 = None, group_id: OptionalInt64 = None,
+                limit: int = Query(10_000, ge=1, le=100_000)) -> Response:
+        return frame_response(reader.read_samples(run_id, step, group_id, limit=limit))
+
+    @router.get("/api/runs/{run_id}/counts")
+    def counts(run_id: Run) -> dict:
+        return reader.row_counts(run_id)
+
+    @router.get("/api/alerts")
+    def alerts(run_id: str | None = None, since_step: OptionalInt64 = None) -> Response:
+        return frame_response(reader.read_alerts(run_id, since_step))
+
+    return router

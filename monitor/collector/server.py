@@ -1,0 +1,138 @@
+"""The collector's HTTP API over one Store: runs, ingest, export (reads: routes_read.py).
+Routes are thin over `*_impl` functions; forksight/app.py adds the guard and the dashboard."""
+# Every input is validated (forksight.base.limits, monitor/collector/schema.py); a refused request stores
+# nothing, and the server keeps serving.
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi_offline import FastAPIOffline
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+
+from forksight.base.limits import BATCH_ID_RE, MAX_RANK, limits
+from forksight.base.errors import ApiError, validation_message
+from forksight.monitor.collector.ingest import Ingest, ingest_impl, json_records, parse_arrow_tokens, require_run
+from forksight.monitor.collector.routes_read import read_routes
+from forksight.monitor.collector.schema import ARROW_MEDIA_TYPE, Batch, RunCreate, RunUpdate, inline_json_schema
+from forksight.monitor.collector.store import Store
+
+log = logging.getLogger("forksight.server")
+
+
+# ---------------------------------------------------------------------------- impl (pure)
+def export_impl(store: Store, run_id: str) -> str:
+    """Write the run's hive-partitioned Parquet into a temp dir, zip it; return the zip path."""
+    from forksight.monitor.collector.export import export_tables
+
+    tmp = tempfile.mkdtemp(prefix="forksight-export-")
+    with store.reader._lock:
+        cur = store.reader._conn.cursor()
+    try:
+        export_tables(cur, run_id, os.path.join(tmp, run_id))
+    finally:
+        cur.close()
+    return shutil.make_archive(os.path.join(tmp, run_id), "zip", root_dir=os.path.join(tmp, run_id))
+
+
+# ---------------------------------------------------------------------------- routes
+def create_api(store: Store, *, hub=None) -> FastAPI:
+    """The collector's API over `store` (no guard, no dashboard: forksight/app.py adds those).
+
+    hub: the AlertHub that judges ingested steps (None: one from the environment's defaults).
+    """
+    # Swagger UI and ReDoc served from the package's own copies: /docs works offline
+    app = FastAPIOffline(title="forksight collector", version="0.1.0",
+                         description="Ingest of per-step and per-token training diagnostics; reads for the dashboard.")
+    app.state.store = store
+    ingester = app.state.ingest = Ingest(store, hub)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        return JSONResponse({"detail": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, exc: ClientDisconnect):
+        # the client left mid-body (or sent a broken chunk): nothing was stored, and this is no
+        # application error to log with a traceback; the answer reaches whoever still listens
+        return JSONResponse({"detail": "the body did not arrive whole (the client disconnected); "
+                                       "nothing of it was stored: send it again"}, status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        errors = list(exc.errors())
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return JSONResponse({"detail": "body is not valid JSON; send one JSON object"}, status_code=400)
+        return JSONResponse({"detail": validation_message(errors)}, status_code=422)
+
+    @app.get("/api/health")
+    def health() -> dict:
+        return {"service": "forksight", "status": "ok", "db": store.path, "time": time.time(), "limits": limits()}
+
+    @app.post("/api/runs", status_code=201)
+    def create_run(body: RunCreate) -> dict:
+        try:
+            run_id = store.create_run(body.name, project=body.project, strategy=body.strategy,
+                                      model=body.model, config=body.config, run_id=body.run_id, join=body.join)
+        except LookupError as exc:
+            raise ApiError(404, f"{exc}; rank 0 creates it (POST /api/runs without join)") from None
+        return {"run_id": run_id}
+
+    app.include_router(read_routes(store.reader, ingester.has_run))
+
+    @app.patch("/api/runs/{run_id}")
+    def update_run(run_id: str, body: RunUpdate) -> dict:
+        alerts = ingester.update_run(run_id, status=body.status, strategy=body.strategy, model=body.model,
+                                     config=body.config)
+        if alerts is None:
+            raise ApiError(404, f"unknown run {run_id!r}: create it first with POST /api/runs")
+        return {"run_id": run_id, "status": body.status, "alerts": alerts}
+
+    @app.post("/api/runs/{run_id}/heartbeat")
+    def heartbeat(run_id: str) -> dict:
+        if not store.heartbeat(run_id):
+            raise ApiError(404, f"unknown run {run_id!r}: create it first with POST /api/runs")
+        return {"run_id": run_id, "time": time.time()}
+
+    @app.post("/api/runs/{run_id}/ingest",
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": inline_json_schema(Batch)}}}})
+    async def ingest(run_id: str, request: Request) -> dict:
+        """One JSON batch (scalars, samples, histograms, tokens); idempotent by batch_id."""
+        require_run(ingester, run_id)
+        # validation and Arrow building are CPU work: off the event loop, so other requests
+        # (health checks, the dashboard) keep being answered while a large batch is checked
+        records, batch_id = await run_in_threadpool(json_records, await request.body())  # the guard caps the size
+        return await ingest_impl(ingester, run_id, records, batch_id)
+
+    @app.post("/api/runs/{run_id}/tokens",
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  ARROW_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}})
+    async def ingest_tokens(run_id: str, request: Request,
+                            batch_id: str = Query(..., description="idempotency key, [A-Za-z0-9._-]{1,64}"),
+                            rank: int = Query(0, ge=0, le=MAX_RANK)) -> dict:
+        """Per-token rows as an Arrow IPC stream (application/vnd.apache.arrow.stream)."""
+        if not BATCH_ID_RE.match(batch_id):
+            raise ApiError(422, "batch_id: must match [A-Za-z0-9._-]{1,64}")
+        require_run(ingester, run_id)
+        body = await request.body()              # size: the guard caps it
+        records = await run_in_threadpool(parse_arrow_tokens, body, rank)   # decode, check, hash: off the loop
+        return await ingest_impl(ingester, run_id, records, batch_id)
+
+    @app.get("/api/runs/{run_id}/export", response_class=FileResponse)
+    def export(run_id: str):
+        """The run's tables as hive-partitioned Parquet in a zip (works while the collector holds the file)."""
+        require_run(ingester, run_id)
+        path = export_impl(store, run_id)
+        return FileResponse(path, media_type="application/zip", filename=f"{run_id}-parquet.zip",
+                            background=BackgroundTask(shutil.rmtree, os.path.dirname(path), True))
+    return app
+
