@@ -224,6 +224,34 @@ class Reader:
             sql, params = sql + " AND step >= ?", params + [int(since_step)]
         return self._query(sql + " ORDER BY run_id, step, wall_time", params)
 
+    def read_alerts_page(self, *, run_ids: Sequence[str] = (), severities: Sequence[str] = (),
+                         detectors: Sequence[str] = (), limit: int = 100, offset: int = 0
+                         ) -> tuple[pd.DataFrame, int]:
+        """Alerts of every run (or of run_ids), newest first (wall time, then step), filtered by
+        severity and detector in SQL, one page of at most `limit` rows from `offset`; returns
+        (rows with the run's name, how many match in all)."""
+        where, params = ["true"], []
+        for column, values in (("a.run_id", run_ids), ("a.severity", severities),
+                               ("a.detector", detectors)):
+            values = [str(v) for v in values]
+            if values:
+                where.append(f"{column} IN ({', '.join('?' * len(values))})")
+                params.extend(values)
+        cond = " AND ".join(where)
+        total = self._query(f"SELECT count(*) AS n FROM alerts a WHERE {cond}", params)
+        cols = ", ".join(f"a.{n}" for n in ALERTS.names)
+        rows = self._query(f"""
+            SELECT {cols}, coalesce(r.name, a.run_id) AS run_name
+            FROM alerts a LEFT JOIN runs r USING (run_id) WHERE {cond}
+            ORDER BY a.wall_time DESC NULLS LAST, a.step DESC, a.run_id, a.detector
+            LIMIT ? OFFSET ?""", [*params, max(0, int(limit)), max(0, int(offset))])
+        return rows, int(total["n"].iloc[0])
+
+    def alert_detectors(self) -> list[str]:
+        """Every detector that has fired in any run (the alerts view's filter choices)."""
+        return self._query("SELECT DISTINCT detector FROM alerts ORDER BY detector")["detector"] \
+            .dropna().tolist()
+
     def row_counts(self, run_id: str) -> dict[str, int]:
         """Rows per data table for one run (health checks, tests, export)."""
         parts = " UNION ALL ".join(f"SELECT '{t}' AS t, count(*) AS n FROM {t} WHERE run_id = ?"

@@ -1,0 +1,76 @@
+"""The run health verdict on hand-made alert rows: each state, which one wins, recovery."""
+from __future__ import annotations
+
+import pandas as pd
+
+from forksight.dashboard.verdict import RECENT_STEPS, verdict, verdicts_of_runs
+
+
+def alert(detector: str, severity: str, step: int, value=None, threshold=None, forecast=None):
+    return {"detector": detector, "severity": severity, "step": step, "value": value,
+            "threshold": threshold, "forecast": forecast}
+
+
+def test_no_alert_is_healthy_and_no_step_is_waiting():
+    assert verdict([], {"entropy/mean": 0.9}, 40).state == "healthy"
+    assert verdict([], {}, None).label == "waiting"
+
+
+def test_collapse_forecast_reads_collapsing_with_its_step():
+    v = verdict([alert("entropy_collapse", "warning", 25, 0.69, 0.09, forecast=52)],
+                {"entropy/mean": 0.6}, 30)
+    assert (v.state, v.forecast, v.step) == ("collapsing", 52, 25)
+    assert v.label == "collapsing (forecast step 52)"
+
+
+def test_the_newest_forecast_is_the_one_shown():
+    rows = [alert("entropy_collapse", "warning", 25, 0.69, 0.09, forecast=60),
+            alert("entropy_collapse", "warning", 35, 0.40, 0.09, forecast=48)]
+    assert verdict(rows, {"entropy/mean": 0.3}, 36).forecast == 48
+
+
+def test_critical_collapse_wins_over_its_earlier_warning_and_names_the_first_crossing():
+    rows = [alert("entropy_collapse", "warning", 23, 0.7, 0.09, forecast=37),
+            alert("entropy_collapse", "critical", 38, 0.08, 0.09),
+            alert("entropy_collapse", "critical", 70, 0.01, 0.09)]
+    v = verdict(rows, {"entropy/mean": 0.004}, 99)
+    assert (v.state, v.step, v.label) == ("collapsed", 38, "collapsed at step 38")
+
+
+def test_entropy_back_above_the_floor_is_not_collapsed():
+    rows = [alert("entropy_collapse", "critical", 10, 0.08, 0.09)]
+    # far past the alert and back above the level it fired at: healthy again
+    assert verdict(rows, {"entropy/mean": 0.8}, 10 + RECENT_STEPS + 5).state == "healthy"
+    # unknown latest entropy: the alert stands
+    assert verdict(rows, {}, 200).state == "collapsed"
+
+
+def test_old_collapse_warning_holds_while_entropy_stays_as_low():
+    rows = [alert("entropy_collapse", "warning", 10, 0.5, 0.09, forecast=90)]
+    late = 10 + RECENT_STEPS + 1
+    assert verdict(rows, {"entropy/mean": 0.45}, late).state == "collapsing"
+    assert verdict(rows, {"entropy/mean": 0.9}, late).state == "healthy"
+
+
+def test_explosion_and_non_finite_read_exploding_only_while_recent():
+    for det in ("entropy_explosion", "non_finite"):
+        rows = [alert(det, "critical", 30, 5.0, 4.0)]
+        assert verdict(rows, {"entropy/mean": 5.0}, 40).state == "exploding"
+        assert verdict(rows, {"entropy/mean": 1.0}, 30 + RECENT_STEPS + 1).state == "healthy"
+
+
+def test_worst_state_wins():
+    stall = alert("stagnation", "warning", 40, 0.001, 0.01)
+    warn = alert("entropy_collapse", "warning", 41, 0.6, 0.09, forecast=70)
+    boom = alert("entropy_explosion", "warning", 42, 5.0, 4.0)
+    assert verdict([stall], {}, 45).state == "stagnating"
+    assert verdict([stall, warn], {}, 45).state == "collapsing"
+    assert verdict([stall, warn, boom], {}, 45).state == "exploding"
+
+
+def test_verdicts_of_runs_splits_the_frame_by_run():
+    frame = pd.DataFrame([{**alert("entropy_collapse", "critical", 5, 0.01, 0.09), "run_id": "a"},
+                          {**alert("stagnation", "warning", 8, 0.0, 0.01), "run_id": "b"}])
+    out = verdicts_of_runs(frame, {"a": {"entropy/mean": 0.01}}, {"a": 9, "b": 9, "c": None})
+    assert {k: v.state for k, v in out.items()} == {"a": "collapsed", "b": "stagnating",
+                                                    "c": "waiting"}
