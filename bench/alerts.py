@@ -18,7 +18,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from forksight.monitor.alerts.hub import AlertMonitor
-from forksight.monitor.collector.store import Records, Store, scalars_table
+from forksight.base.records import Records, scalars_table
+from forksight.monitor.collector.store import Store
 
 # Synthetic runs (collapsing: flat, then H0·exp(-(t - onset)/tau) with multiplicative noise;
 # healthy: entropy settles 20% lower, reward climbs) go through a real DuckDB file and back

@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # the s
 
 from forksight.dashboard.run_view import Controls, draw_run, tick_run  # noqa: E402
 from forksight.base.constants import ENTROPY_EDGES  # noqa: E402
-from forksight.monitor.collector.store import Records, Store, scalars_table, tokens_table  # noqa: E402
+from forksight.base.records import Records, scalars_table, tokens_table
+from forksight.monitor.collector.store import Store
 from synthetic import bulk_tokens, step_records  # noqa: E402
 
 TARGET_CALLBACK_MS = 300.0

@@ -20,7 +20,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from forksight.monitor.collector.store import Records, Store, tokens_table  # noqa: E402
+from forksight.base.records import Records, tokens_table
+from forksight.monitor.collector.store import Store
 
 TOTAL_ROWS = 2_000_000
 CHUNK_ROWS = 65_536           # rows per log_tokens call (a step's bounded sample at scale)
@@ -76,7 +77,7 @@ def bench_store(chunks: list[dict], path: str) -> float:
 
 def bench_local_sink(chunks: list[dict], path: str) -> float:
     """Seconds for LocalSink.log_tokens (validation included) until flushed."""
-    from forksight.monitor.sinks.client import LocalSink
+    from forksight.compose.local import LocalSink
 
     with Store(path) as store:
         sink = LocalSink(path, "sink", store=store)
@@ -189,7 +190,7 @@ def step_data(rng) -> tuple[dict, np.ndarray, np.ndarray]:
 
 
 def _ours(data: list, path: str, alerts: bool) -> float:
-    from forksight.monitor.sinks.client import LocalSink
+    from forksight.compose.local import LocalSink
 
     with Store(path) as store:
         LocalSink(path, "warmup", store=store, alerts=alerts).finish()     # imports and first-call costs

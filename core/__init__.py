@@ -24,6 +24,7 @@ _PUBLIC = {
     "attach": "forksight.hooks.capture.attach",
     "AttachHandle": "forksight.hooks.capture.attach",
     "open_sink": "forksight.monitor.sinks.client",
+    "LocalSink": "forksight.compose.local",
     "NullSink": "forksight.monitor.sinks.client",
     "serve": "forksight.compose.app",
     "Collector": "forksight.compose.app",
@@ -36,9 +37,35 @@ _SUBMODULES = ("trl", "verl")
 
 __all__ = [*_PUBLIC, *_SUBMODULES, "__version__"]
 
+
+# The composition root wires the in-process collector into the sinks room, which never imports
+# it: `open_sink(db=...)` and the embedded default ask `forksight.base.wiring` for these. Runs
+# before any room loads (every `forksight.*` import runs this file first) and loads nothing yet.
+def _local_sink():
+    from forksight.compose.local import LocalSink
+
+    return LocalSink
+
+
+def _embedded_collector():
+    from forksight.compose.app import start_embedded
+
+    return start_embedded
+
+
+def _wire() -> None:
+    from forksight.base import wiring
+
+    wiring.provide("local_sink", _local_sink)
+    wiring.provide("embedded_collector", _embedded_collector)
+
+
+_wire()
+
 if TYPE_CHECKING:
     from forksight.hooks.capture.attach import AttachHandle, attach
     from forksight.hooks.metrics import TokenStats, pass_at_k, pass_at_k_groups, token_stats
+    from forksight.compose.local import LocalSink
     from forksight.monitor.sinks.client import NullSink, open_sink
     from forksight.compose.app import Collector, serve
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from forksight.base.limits import (
     MAX_CONFIG_DEPTH, MAX_KEY_CHARS, MAX_RANK, MAX_SHORT_CHARS, MAX_STEP, MAX_TEXT_CHARS, MAX_TOKEN_CHARS,
 )
-from forksight.monitor.collector.schema import ARROW_MEDIA_TYPE
+from forksight.base.constants import ARROW_MEDIA_TYPE
 from forksight.base.tables import DATA_TABLES
 
 INT32, INT64 = 2**31, 2**63

@@ -14,8 +14,7 @@ import pyarrow as pa
 
 from forksight.base.constants import ENTROPY_EDGES, FORK_ENTROPY
 from forksight.hooks.metrics import histogram
-from forksight.monitor.collector.store import (Records, histograms_table, samples_table, scalars_table,
-                           tokens_table)
+from forksight.base.records import Records, histograms_table, samples_table, scalars_table, tokens_table
 
 
 PROMPTS = ((12, 35), (47, 26), (38, 19), (21, 44), (33, 33), (49, 17))

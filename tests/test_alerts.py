@@ -369,7 +369,8 @@ def test_invalid_webhook_url_is_refused_with_a_clear_error(url, fragment):
 # ---------------------------------------------------------------------------- replay CLI
 def _stored_run(path, rows, *, hub=True) -> str:
     from forksight.monitor.collector.ingest import Ingest
-    from forksight.monitor.collector.store import Records, Store, scalars_table
+    from forksight.base.records import Records, scalars_table
+    from forksight.monitor.collector.store import Store
 
     with Store(str(path)) as store:
         ingest = Ingest(store, alerts=hub)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import forksight
-from forksight.monitor.sinks.client import LocalSink
+from forksight.compose.local import LocalSink
 
 TEXTS = ["Q: 12+34= A: 46", "Q: 1+2= A: 3", "Q: 55+5= A: 60", "Q: 9+9= A: 18"]
 

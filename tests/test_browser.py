@@ -33,7 +33,7 @@ PAYLOADS = ('<script>window.__xss=1</script>', '<img src=x onerror="window.__xss
 
 
 def _xss_records():
-    from forksight.monitor.collector.store import Records, samples_table, tokens_table
+    from forksight.base.records import Records, samples_table, tokens_table
 
     samples = [{"step": XSS_STEP, "sample_id": i, "group_id": 0, "prompt": f"say {PAYLOADS[1]}",
                 "completion": f"{PAYLOADS[i % 2]} done", "reward": float(i % 2),

@@ -23,7 +23,8 @@ def _dash_call(url: str, outputs: list[str], inputs: list[dict]) -> dict:
 
 
 def _seed(db, names: list[str], steps: int = 6) -> None:
-    from forksight.monitor.collector.store import Records, Store, scalars_table
+    from forksight.base.records import Records, scalars_table
+    from forksight.monitor.collector.store import Store
 
     with Store(str(db)) as store:
         for i, name in enumerate(names):
@@ -84,7 +85,8 @@ def counting_reader(store):
 def test_runs_page_reads_all_sparklines_in_one_query_with_the_per_run_values(tmp_path):
     from forksight.dashboard.figures import sparkline
     from forksight.dashboard.pages.runs import SPARK_POINTS, runs_rows
-    from forksight.monitor.collector.store import Records, Store, scalars_table
+    from forksight.base.records import Records, scalars_table
+    from forksight.monitor.collector.store import Store
 
     rng = np.random.default_rng(0)
     with Store(str(tmp_path / "many.duckdb")) as store:

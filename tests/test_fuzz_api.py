@@ -26,7 +26,7 @@ from starlette.testclient import TestClient
 from collector_util import ServeProcess
 from forksight.compose.app import create_app
 from forksight.base.limits import MAX_RANK
-from forksight.monitor.collector.schema import ARROW_MEDIA_TYPE
+from forksight.base.constants import ARROW_MEDIA_TYPE
 from forksight.monitor.collector.store import Store
 from fuzz_util import (
     TOKEN, budget, data_rows, expected_rows, fingerprint, header_sets, hostile_arrow, invalid_batches, ipc,

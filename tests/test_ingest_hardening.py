@@ -16,8 +16,9 @@ import pytest
 from collector_util import ServeProcess
 from forksight.base.limits import MAX_CONFIG_CHARS, MAX_STEP, RUN_ID_RE
 from forksight.monitor.collector.export import export_file
-from forksight.monitor.collector.schema import ARROW_MEDIA_TYPE
-from forksight.monitor.collector.store import Records, Store, scalars_table, tokens_table
+from forksight.base.constants import ARROW_MEDIA_TYPE
+from forksight.base.records import Records, scalars_table, tokens_table
+from forksight.monitor.collector.store import Store
 
 
 @pytest.fixture(scope="module")
@@ -308,7 +309,8 @@ def test_duckdb_memory_and_threads_are_capped_as_asked_and_typos_refused(tmp_pat
 
 _CRASH = """
 import os, sys, numpy as np
-from forksight.monitor.collector.store import Records, Store, tokens_table
+from forksight.base.records import Records, tokens_table
+from forksight.monitor.collector.store import Store
 store = Store(sys.argv[1])
 run = store.create_run("wal")
 for step in range(4):

@@ -17,7 +17,7 @@ import pytest
 from collector_util import REPO, InProcessCollector, ServeProcess, create_run, free_port
 from forksight.monitor.sinks.client import open_sink
 from forksight.base.limits import MAX_BODY_BYTES, MAX_SCALAR_ROWS
-from forksight.monitor.collector.schema import ARROW_MEDIA_TYPE
+from forksight.base.constants import ARROW_MEDIA_TYPE
 
 HOSTILE = ["<script>alert('x')</script>", "'); DROP TABLE scalars; --", "\" OR 1=1 --", "&lt;b&gt;", "é✓\u0000z"]
 

@@ -95,7 +95,7 @@ def test_a_sink_started_while_the_collector_is_down_files_a_new_run_not_an_old_o
 
 
 def test_a_local_sink_whose_writes_fail_says_so_instead_of_returning_true(tmp_path):
-    from forksight.monitor.sinks.client import LocalSink
+    from forksight.compose.local import LocalSink
 
     sink = LocalSink(str(tmp_path / "l.duckdb"), "local")
     sink.log_scalars(0, {"loss": 1.0})

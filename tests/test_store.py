@@ -8,12 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forksight.monitor.sinks.client import LocalSink, NullSink, open_sink
+from forksight.compose.local import LocalSink
+from forksight.monitor.sinks.client import NullSink, open_sink
 from forksight.monitor.collector.ingest import Ingest
-from forksight.monitor.collector.store import (
-    Records, RecordError, Store, histogram_quantile, histograms_table, samples_table, scalars_table,
-    tokens_table,
-)
+from forksight.base.records import Records, RecordError, histograms_table, samples_table, scalars_table, tokens_table
+from forksight.monitor.collector.reader import histogram_quantile
+from forksight.monitor.collector.store import Store
 
 
 def _token_columns(rng, n_samples=3, length=7):

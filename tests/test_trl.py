@@ -15,7 +15,7 @@ import torch
 from transformers import TrainerCallback
 
 import forksight.trl
-from forksight.monitor.sinks.client import LocalSink
+from forksight.compose.local import LocalSink
 
 REPO = Path(__file__).resolve().parents[1]
 TRL114 = REPO / ".venv" / "trl114"

@@ -14,7 +14,7 @@ import pytest
 from transformers import TrainerCallback
 
 import forksight.trl
-from forksight.monitor.sinks.client import LocalSink
+from forksight.compose.local import LocalSink
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 REPO = Path(__file__).resolve().parents[1]

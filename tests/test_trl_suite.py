@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import forksight.trl
-from forksight.monitor.sinks.client import LocalSink
+from forksight.compose.local import LocalSink
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -25,3 +25,7 @@ def _entropy_edges() -> np.ndarray:
 
 # fixed histogram bin edges (nats) shared by every producer, so ranks and steps add up bin by bin
 ENTROPY_EDGES: np.ndarray = _entropy_edges()
+
+# The media type of an Arrow IPC stream body (token batches): the sinks send it, the collector
+# requires it on its Arrow routes.
+ARROW_MEDIA_TYPE = "application/vnd.apache.arrow.stream"

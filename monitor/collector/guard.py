@@ -11,7 +11,7 @@ import re
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from forksight.base.limits import MAX_BODY_BYTES
-from forksight.monitor.collector.schema import ARROW_MEDIA_TYPE
+from forksight.base.constants import ARROW_MEDIA_TYPE
 
 TOKEN_COOKIE = "forksight_token"
 WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")

@@ -256,7 +256,7 @@ def parse_arrow_tokens(body: bytes, rank: int) -> Records:
     """An Arrow IPC stream of per-token columns -> Records; 422 naming what is wrong."""
     from forksight.base.limits import MAX_DECODED_BYTES, MAX_TOKEN_ROWS
     from forksight.monitor.collector.ipc import StreamRefused, read_bounded
-    from forksight.monitor.collector.schema import ARROW_MEDIA_TYPE
+    from forksight.base.constants import ARROW_MEDIA_TYPE
 
     try:
         table = read_bounded(body, MAX_TOKEN_ROWS, MAX_DECODED_BYTES)

@@ -14,8 +14,6 @@ from forksight.base.limits import (
 )
 from forksight.base.tables import HISTOGRAMS, SAMPLES, SCALARS, TOKEN_COLUMNS, Table
 
-ARROW_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
-
 Rank = Annotated[int, Field(ge=0, le=MAX_RANK)]
 Short = Annotated[str, Field(max_length=MAX_SHORT_CHARS)]
 

@@ -22,7 +22,8 @@ from forksight.base.limits import BATCH_ID_RE, MAX_RANK, limits
 from forksight.base.errors import ApiError, validation_message
 from forksight.monitor.collector.ingest import Ingest, ingest_impl, json_records, parse_arrow_tokens, require_run
 from forksight.monitor.collector.routes_read import read_routes
-from forksight.monitor.collector.schema import ARROW_MEDIA_TYPE, Batch, RunCreate, RunUpdate, inline_json_schema
+from forksight.base.constants import ARROW_MEDIA_TYPE
+from forksight.monitor.collector.schema import Batch, RunCreate, RunUpdate, inline_json_schema
 from forksight.monitor.collector.store import Store
 
 log = logging.getLogger("forksight.server")

@@ -3,8 +3,8 @@ One process owns the file; a single writer thread inserts Arrow tables in bulk, 
 stored once; reads use their own cursors (monitor/collector/reader.py). Tables: forksight.base.tables."""
 from __future__ import annotations
 
-import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -14,13 +14,11 @@ from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
-# the store's public names, wherever they live (producers import them from here)
+from forksight.base.records import Records
 from forksight.monitor.collector.dbfile import connect, duckdb_config
-from forksight.monitor.collector.reader import PERCENTILE_KEY, STALE_AFTER_S, Reader, histogram_quantile  # noqa: F401
-from forksight.base.records import (  # noqa: F401
-    ALERTS_SCHEMA, HISTOGRAMS_SCHEMA, SAMPLES_SCHEMA, SCALARS_SCHEMA, TOKENS_SCHEMA, RecordError, Records,
-    histograms_table, samples_table, scalars_table, tokens_table,
-)
+from forksight.monitor.collector.faults import Fault, StoreUnavailable, free_bytes
+from forksight.monitor.collector.ledger import Ledger
+from forksight.monitor.collector.reader import STALE_AFTER_S, Reader
 from forksight.base.tables import DATA_TABLES
 
 log = logging.getLogger("forksight.store")
@@ -85,8 +83,29 @@ def insert_arrow(cur, table: str, data: pa.Table, run_id: str | None = None) -> 
             cur.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _forksight_in")
         else:
             cur.execute(f"INSERT INTO {table} BY NAME SELECT ?::VARCHAR AS run_id, * FROM _forksight_in", [run_id])
-    finally:
-        cur.unregister("_forksight_in")
+    except BaseException:
+        try:        # after a failed insert this fails too ("transaction is aborted"): keep the first error
+            cur.unregister("_forksight_in")
+        except Exception:  # noqa: BLE001
+            pass
+        raise
+    cur.unregister("_forksight_in")
+
+
+class _Closed:
+    """Stands in for a connection that could not be reopened: every use says why."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def cursor(self):
+        raise StoreUnavailable(self.why)
+
+    def __getattr__(self, name):
+        raise StoreUnavailable(self.why)
+
+    def close(self) -> None:
+        pass
 
 
 class Store:
@@ -98,9 +117,14 @@ class Store:
         memory_limit ('2GB', '512MiB') and threads cap DuckDB in this process (its defaults:
         80% of RAM, every core), e.g. a collector sharing a node with a training job."""
         self.path = str(path)
-        self._conn = connect(self.path, verify, duckdb_config(memory_limit, threads))
+        self._config = duckdb_config(memory_limit, threads)
+        self._conn = connect(self.path, verify, self._config)
         self.reader = Reader(self._conn, stale_after=stale_after)
-        self.missing_rows = self._check_ledger()    # rows per table acknowledged before but not in the file
+        self.reader.store_health = self.health
+        self._ledger = Ledger(self.path, {t: _one(self._conn, f"SELECT count(*) FROM {t}", [])[0]
+                                          for t in DATA_TABLES})
+        self._fault: Fault | None = None        # why writes fail now (a full disk, an invalidated file)
+        self._tried = 0.0
         self._queue: queue.Queue = queue.Queue()
         self._beat: dict[str, float] = {}
         self._on_close: list[Callable[[], None]] = []
@@ -109,43 +133,80 @@ class Store:
         self._thread = threading.Thread(target=self._run, name="forksight-store-writer", daemon=True)
         self._thread.start()
 
-    # -- the row ledger: DuckDB replays a truncated WAL silently; counting acknowledged rows in a
-    # side file (<db>.rows) makes such a loss visible at the next open
-    def _check_ledger(self) -> dict[str, int]:
-        import os
+    # -- the store's health: the row ledger (monitor/collector/ledger.py) and storage faults
+    @property
+    def missing_rows(self) -> dict[str, int]:
+        """Rows per table acknowledged before but not found in the file at this open."""
+        return dict(self._ledger.found)
 
-        counts = {t: _one(self._conn, f"SELECT count(*) FROM {t}", [])[0] for t in DATA_TABLES}
-        self._ledger, self._rows = self.path + ".rows", dict(counts)
-        missing: dict[str, int] = {}
-        try:
-            with open(self._ledger) as f:
-                recorded = json.loads(f.read())
-            if recorded.get("inode") == os.stat(self.path).st_ino:     # the ledger of this very file
-                missing = {t: n - counts[t] for t, n in recorded["rows"].items() if counts.get(t, n) < n}
-        except (OSError, ValueError, KeyError, AttributeError, TypeError):
-            pass
-        if missing:
-            log.error("%s: %s row(s) acknowledged earlier are not in the file (its .wal was damaged or truncated "
-                      "before it reached the file); serving the %s rows it holds", self.path, missing, counts)
-        self._write_ledger()
-        return missing
+    @property
+    def lost_rows(self) -> dict[str, int]:
+        """Rows found lost at this or an earlier open and not acknowledged yet (acknowledge_lost)."""
+        return dict(self._ledger.lost)
 
-    def _count_rows(self, jobs: list[_WriteJob]) -> None:
-        for job in jobs:
-            for name, n in job.records.num_rows().items():
-                self._rows[name] += n
-        self._write_ledger()
+    def acknowledge_lost(self) -> dict[str, int]:
+        """An operator has seen the loss: stop reporting it. Returns what was reported."""
+        return self.call(lambda cur: self._ledger.acknowledge())
 
-    def _write_ledger(self) -> None:
-        import os
+    def health(self, wait: float = 2.0) -> dict:
+        """What the store can do now: writable, disk_full, invalidated, read_only, free and needed
+        bytes, DuckDB's error, lost rows. A fault triggers a recovery attempt (up to `wait` s)."""
+        if self._fault is not None and not self._closed:
+            try:
+                self.submit(lambda cur: self._recover(force=True)).result(timeout=wait)
+            except Exception:  # noqa: BLE001 - busy or still failing: report what is known
+                pass
+        fault, d = self._fault, os.path.dirname(os.path.abspath(self.path))
+        read_only = not (os.access(d, os.W_OK) and (not os.path.exists(self.path) or os.access(self.path, os.W_OK)))
+        state = {"writable": fault is None and not read_only and not self._closed,
+                 "disk_full": bool(fault and fault.disk_full), "invalidated": bool(fault and fault.kind == "invalidated"),
+                 "read_only": read_only, "closed": self._closed, "free_bytes": free_bytes(self.path),
+                 "needed_bytes": fault.needed if fault else None, "error": fault.message(self.path) if fault else None,
+                 "lost_rows": self.lost_rows, "lost_since": self._ledger.lost_since}
+        return state
 
-        try:
-            tmp = self._ledger + ".tmp"
-            with open(tmp, "w") as f:
-                f.write(json.dumps({"inode": os.stat(self.path).st_ino, "rows": self._rows}))
-            os.replace(tmp, self._ledger)
-        except OSError:
-            pass                  # a read-only directory: the store works, without this check
+    def _note(self, exc: BaseException, batch_bytes: int = 0) -> StoreUnavailable | None:
+        """Remember a storage fault; the error to hand to callers (None: no storage fault)."""
+        fault = Fault.of(exc, self.path, batch_bytes)
+        if fault is None:
+            return None
+        if self._fault is None or self._fault.kind != "invalidated":
+            self._fault = fault
+        log.error("%s: %s", self.path, fault.message(self.path))
+        return fault.error_for_client(self.path)
+
+    def _recover(self, force: bool = False) -> None:
+        """On the writer thread: after a fault, reopen an invalidated file (DuckDB replays its .wal)
+        once the disk may have room; a full disk counts as writable again once there is room."""
+        fault = self._fault
+        if fault is None:
+            return
+        free = free_bytes(self.path)
+        room = free is None or free >= fault.needed
+        if not room and not force and time.monotonic() - self._tried < 5.0:
+            return
+        self._tried = time.monotonic()
+        if fault.kind == "disk_full":
+            if room:
+                self._fault = None       # the next write says whether it fits
+            return
+        with self.reader._lock:
+            for thing in (self._wcur, self._conn):
+                try:
+                    thing.close()
+                except Exception:  # noqa: BLE001 - an invalidated database may refuse even this
+                    pass
+            try:
+                self._conn = connect(self.path, False, self._config)     # replays and checkpoints the .wal
+            except RuntimeError as exc:
+                self._conn = self._wcur = _Closed(str(exc))
+                self.reader._conn = self._conn
+                fault.error = str(exc).splitlines()[0][:300]
+                log.warning("%s: reopening failed: %s", self.path, exc)
+                return
+            self.reader._conn, self._wcur = self._conn, self._conn.cursor()
+        self._fault = None
+        log.warning("%s: reopened after %s; the .wal was replayed, writes go on", self.path, fault.kind)
 
     # -- public write API (each returns at once; the writer thread does the work)
     def write(self, run_id: str, records: Records, batch_id: str | None = None, *,

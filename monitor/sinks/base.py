@@ -21,7 +21,7 @@ def _warn_once(warned: set, what: str, message: str, *args) -> None:
 _NONFINITE_CODE = {"nan": 0.0, "inf": 1.0, "-inf": -1.0}   # see forksight.base.limits.NONFINITE_PREFIX
 
 
-def _finite_scalars(step: int, values: Mapping[str, Any], weight, warned: set) -> list[dict]:
+def finite_scalars(step: int, values: Mapping[str, Any], weight, warned: set) -> list[dict]:
     # a NaN loss must not crash training, nor cost the step's other numbers (the collector
     # refuses a whole batch with one bad value): drop what cannot be stored, say so once
     from forksight.base.limits import MAX_KEY_CHARS, NONFINITE_PREFIX
@@ -50,7 +50,7 @@ def _finite_scalars(step: int, values: Mapping[str, Any], weight, warned: set) -
     return rows
 
 
-def _sample_rows(step: int, rows: Sequence[Mapping[str, Any]], warned: set) -> list[dict]:
+def sample_rows(step: int, rows: Sequence[Mapping[str, Any]], warned: set) -> list[dict]:
     """Sample dicts -> storable rows: known fields only, numbers finite, text within the limits."""
     from forksight.base.tables import SAMPLE_FIELDS, SAMPLES
 
@@ -77,7 +77,7 @@ def _sample_rows(step: int, rows: Sequence[Mapping[str, Any]], warned: set) -> l
     return out
 
 
-def _histogram_item(step: int, key: str, counts, edges) -> dict:
+def histogram_item(step: int, key: str, counts, edges) -> dict:
     import numpy as np
 
     return {"step": int(step), "key": str(key),
@@ -95,7 +95,7 @@ def _note_uncaught(prev_hook):
     return hook
 
 
-def _track(sink: "_Sink") -> None:
+def track(sink: "SinkBase") -> None:
     """Finish `sink` at exit; the first sink wraps sys.excepthook so exit can say 'crashed'."""
     if not _uncaught["hooked"]:      # at first use, not at import: importing must change nothing
         _uncaught["hooked"] = True
@@ -108,7 +108,12 @@ def _track(sink: "_Sink") -> None:
     atexit.register(_finish_open_sinks)
 
 
-_open_sinks: "weakref.WeakSet[_Sink]" = weakref.WeakSet()
+_open_sinks: "weakref.WeakSet[SinkBase]" = weakref.WeakSet()
+
+
+def untrack(sink: "SinkBase") -> None:
+    """`sink` finished: nothing left to finish at exit."""
+    _open_sinks.discard(sink)
 
 
 def _finish_open_sinks() -> None:
@@ -117,7 +122,7 @@ def _finish_open_sinks() -> None:
         sink.finish(status="crashed" if _uncaught["seen"] else "finished")
 
 
-class _Sink:
+class SinkBase:
     """Common state: alerts received and the stop flag."""
 
     run_id: str = ""

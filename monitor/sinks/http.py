@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from forksight.monitor.sinks import spool as spool_mod
-from forksight.monitor.sinks.base import _finite_scalars, _histogram_item, _open_sinks, _sample_rows, _Sink, _track
+from forksight.monitor.sinks.base import SinkBase, finite_scalars, histogram_item, sample_rows, track, untrack
 from forksight.monitor.sinks.spool import DATA_KINDS, Item as _Item, Spool, requests_of
 
 log = logging.getLogger("forksight.client")
@@ -28,7 +28,7 @@ class DeliveryError(RuntimeError):
     """The sink can neither send nor spool, and its memory buffer is full: logging would lose data."""
 
 
-class HttpSink(_Sink):
+class HttpSink(SinkBase):
     """Streams to a collector from a background thread; spools to disk while it is down."""
 
     def __init__(self, url: str, run: str, *, project: str = "default", strategy: str | None = None,
@@ -85,7 +85,7 @@ class HttpSink(_Sink):
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="forksight-send")
         self._thread = threading.Thread(target=self._loop, name=f"forksight-sink-{self.run_id}", daemon=True)
         self._thread.start()
-        _track(self)
+        track(self)
 
     # -- run creation: name unless taken; ranks > 0 join the live run of that name
     def _open_run(self, name: str, rank: int) -> str:
@@ -139,26 +139,26 @@ class HttpSink(_Sink):
 
     def log_scalars(self, step: int, values: Mapping[str, Any], weight: float | None = None) -> None:
         """Per-step numbers; weight = token count, used when ranks are merged."""
-        rows = _finite_scalars(step, values, weight, self._warned)
+        rows = finite_scalars(step, values, weight, self._warned)
         self._append("scalars", rows, len(rows))
 
     def log_tokens(self, step: int, columns: Mapping[str, Any]) -> None:
         """Per-token columns of equal length; validated now, sent as Arrow IPC."""
-        from forksight.monitor.collector.store import tokens_table
+        from forksight.base.records import tokens_table
 
         table = tokens_table(columns, step=step, rank=self.rank)
         table = table.drop_columns(["rank"])      # the rank travels once per request, as a parameter
         self._append("tokens", [table], table.num_rows)
 
     def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
-        rows = _sample_rows(step, rows, self._warned)
+        rows = sample_rows(step, rows, self._warned)
         self._append("samples", rows, len(rows))
 
     def log_histogram(self, step: int, key: str, counts, edges) -> None:
-        self._append("histograms", [_histogram_item(step, key, counts, edges)], 1)
+        self._append("histograms", [histogram_item(step, key, counts, edges)], 1)
 
     def await_alerts(self, timeout: float = 10.0) -> None:
-        """As _Sink.await_alerts, but a collector known to be down (backing off) costs nothing, and
+        """As SinkBase.await_alerts, but a collector known to be down (backing off) costs nothing, and
         one that goes down while waiting costs one failed try, not `timeout`."""
         if time.monotonic() < self._next_try:
             return
@@ -200,7 +200,7 @@ class HttpSink(_Sink):
         if self._finished:
             return self.undelivered()
         self._finished = True
-        _open_sinks.discard(self)
+        untrack(self)
         self.flush(timeout, give_up_after_failures=2)
         with self._lock:
             self._push([_Item("status", "status", json.dumps({"status": status}).encode())])
@@ -331,7 +331,7 @@ class HttpSink(_Sink):
     def _request(self, item: _Item):
         base = f"/api/runs/{self.run_id}"
         if item.kind == "arrow":
-            from forksight.monitor.collector.schema import ARROW_MEDIA_TYPE
+            from forksight.base.constants import ARROW_MEDIA_TYPE
 
             return self._http.post(f"{base}/tokens", content=item.body, headers={"Content-Type": ARROW_MEDIA_TYPE},
                                    params={"batch_id": item.batch_id, "rank": self.rank})
