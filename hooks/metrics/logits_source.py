@@ -11,7 +11,7 @@ from torch import Tensor
 # ---------------------------------------------------------------------------- input checks
 
 
-def _as_mask(mask, shape: tuple[int, int], device) -> Tensor:
+def as_mask(mask, shape: tuple[int, int], device) -> Tensor:
     if mask is None:
         return torch.ones(shape, dtype=torch.bool, device=device)
     mask = torch.as_tensor(mask, device=device)
@@ -20,7 +20,7 @@ def _as_mask(mask, shape: tuple[int, int], device) -> Tensor:
     return mask.detach().to(torch.bool)
 
 
-def _as_tokens(tokens, mask: Tensor, vocab: int) -> Tensor | None:
+def as_tokens(tokens, mask: Tensor, vocab: int) -> Tensor | None:
     if tokens is None:
         return None
     tokens = torch.as_tensor(tokens, device=mask.device).detach()
@@ -38,7 +38,7 @@ def _as_tokens(tokens, mask: Tensor, vocab: int) -> Tensor | None:
     return tokens.masked_fill(~mask, 0)  # padding ids become harmless indices
 
 
-def _as_groups(group_ids, batch: int, device) -> Tensor | None:
+def as_groups(group_ids, batch: int, device) -> Tensor | None:
     if group_ids is None:
         return None
     g = torch.as_tensor(group_ids, device=device).detach().reshape(-1)
@@ -49,14 +49,14 @@ def _as_groups(group_ids, batch: int, device) -> Tensor | None:
     return torch.unique(g.long(), return_inverse=True)[1]  # dense ids 0..n_groups-1
 
 
-def _check_temperature(temperature: float) -> float:
+def check_temperature(temperature: float) -> float:
     t = float(temperature)
     if not (t > 0 and math.isfinite(t)):
         raise ValueError(f"temperature must be a positive finite number, got {temperature!r}")
     return t
 
 
-def _check_chunk(chunk_size: int) -> int:
+def check_chunk(chunk_size: int) -> int:
     if int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be >= 1 (rows of the vocabulary per chunk), got {chunk_size}")
     return int(chunk_size)
@@ -65,7 +65,7 @@ def _check_chunk(chunk_size: int) -> int:
 # ---------------------------------------------------------------------------- logits source
 
 
-class _Logits:
+class LogitsSource:
     """Yields float32-ready logits for selected rows, from logits or from hidden·Wᵀ (+bias)."""
 
     def __init__(self, logits, hidden, weight, bias):

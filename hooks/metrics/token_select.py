@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor
 
-from forksight.hooks.metrics.logits_source import _as_mask
+from forksight.hooks.metrics.logits_source import as_mask
 
 
 def _quantile_sorted(sorted_values: Tensor, q: float) -> Tensor:
@@ -29,7 +29,7 @@ def top_rho_mask(entropy: Tensor, mask: Tensor, rho: float = 0.2) -> tuple[Tenso
 
     Returns (mask, quantile threshold); linear interpolation (numpy's default), inf when no token is valid."""
     rho = _check_rho(rho)
-    valid = _as_mask(mask, tuple(entropy.shape), entropy.device) & ~torch.isnan(entropy)  # NaN: not computed
+    valid = as_mask(mask, tuple(entropy.shape), entropy.device) & ~torch.isnan(entropy)  # NaN: not computed
     values = entropy.detach()[valid].to(torch.float32)
     if values.numel() == 0:
         return torch.zeros_like(valid), float("inf")
@@ -41,7 +41,7 @@ def top_rho_per_response(score: Tensor, mask: Tensor, rho: float = 0.1) -> Tenso
     """Per row, valid tokens whose score ≥ that row's (1−rho) percentile (linear interpolation);
     at least one token per non-empty row (the row's maximum always qualifies). NaN counts as invalid."""
     rho = _check_rho(rho)
-    valid = _as_mask(mask, tuple(score.shape), score.device) & ~torch.isnan(score)  # NaN: not computed
+    valid = as_mask(mask, tuple(score.shape), score.device) & ~torch.isnan(score)  # NaN: not computed
     x = score.detach().to(torch.float32).masked_fill(~valid, float("inf"))
     ordered = x.sort(dim=-1).values  # valid values first, ascending
     n = valid.sum(-1)
@@ -55,7 +55,7 @@ def top_rho_per_response(score: Tensor, mask: Tensor, rho: float = 0.1) -> Tenso
 
 def token_covariance(advantages, logp: Tensor, mask: Tensor) -> Tensor:
     """Cui et al.'s C = (A − Ā)(log π − mean log π) per token, means over valid tokens; 0 elsewhere."""
-    valid = _as_mask(mask, tuple(logp.shape), logp.device)
+    valid = as_mask(mask, tuple(logp.shape), logp.device)
     adv = torch.as_tensor(advantages, device=logp.device).detach().to(torch.float32)
     if adv.dim() == 1 and adv.shape[0] == logp.shape[0]:
         adv = adv[:, None].expand_as(logp)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from forksight.hooks.metrics.logits_source import (_Logits, _as_groups, _as_mask, _as_tokens, _check_chunk,
-                                           _check_temperature)
+from forksight.hooks.metrics.logits_source import (LogitsSource, as_groups, as_mask, as_tokens, check_chunk,
+                                           check_temperature)
 
 
 # Scratch is counted in rows of V float32 values; `chunk_size` caps the rows alive at once, so the
@@ -134,13 +134,13 @@ def token_stats(
     least one position of the whole batch (about 6·B rows of V), whatever chunk_size says.
     Raises ValueError on bad shapes, ids out of range, or NaN/+inf logits at valid positions.
     """
-    src = _Logits(logits, hidden, weight, bias)
+    src = LogitsSource(logits, hidden, weight, bias)
     shape = (src.batch, src.time)
-    valid = _as_mask(mask, shape, src.device)
-    toks = _as_tokens(tokens, valid, src.vocab)
-    groups = _as_groups(group_ids, src.batch, src.device)
-    inv_temp = 1.0 / _check_temperature(temperature)
-    chunk_size = _check_chunk(chunk_size)
+    valid = as_mask(mask, shape, src.device)
+    toks = as_tokens(tokens, valid, src.vocab)
+    groups = as_groups(group_ids, src.batch, src.device)
+    inv_temp = 1.0 / check_temperature(temperature)
+    chunk_size = check_chunk(chunk_size)
 
     out = {k: torch.zeros(shape, dtype=torch.float32, device=src.device) for k in ("entropy", "renyi2", "top1")}
     out["logp"] = torch.zeros(shape, dtype=torch.float32, device=src.device) if toks is not None else None
@@ -153,7 +153,7 @@ def token_stats(
     return TokenStats(mask=valid, **out)
 
 
-def _stats_by_tokens(src: _Logits, valid: Tensor, toks, inv_temp: float, chunk_size: int, out: dict) -> None:
+def _stats_by_tokens(src: LogitsSource, valid: Tensor, toks, inv_temp: float, chunk_size: int, out: dict) -> None:
     """Without JS: blocks of valid tokens only (masked positions cost nothing)."""
     flat, flat_host = _valid_rows(valid)
     n = flat_host.numel()
@@ -181,7 +181,7 @@ def _valid_rows(valid: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _stats_by_positions(
-    src: _Logits, valid: Tensor, toks, groups: Tensor, inv_temp: float, chunk_size: int, out: dict
+    src: LogitsSource, valid: Tensor, toks, groups: Tensor, inv_temp: float, chunk_size: int, out: dict
 ) -> None:
     """With JS: blocks of positions × all B rows, so each group's rollouts sit side by side.
 
@@ -262,20 +262,20 @@ def token_kl(
 
     0 where mask is 0; +inf where the teacher gives -inf to a token the student can sample.
     """
-    student = _Logits(student_logits, None, None, None)
-    teacher = _Logits(teacher_logits, None, None, None)
+    student = LogitsSource(student_logits, None, None, None)
+    teacher = LogitsSource(teacher_logits, None, None, None)
     if (student.batch, student.time, student.vocab) != (teacher.batch, teacher.time, teacher.vocab):
         raise ValueError(
             f"student logits {tuple(student.logits.shape)} and teacher logits {tuple(teacher.logits.shape)} must match"
         )
     shape, vocab = (student.batch, student.time), student.vocab
-    valid = _as_mask(mask, shape, student.device)
+    valid = as_mask(mask, shape, student.device)
     out = torch.zeros(shape, dtype=torch.float32, device=student.device)
     flat, flat_host = _valid_rows(valid)
     n = flat_host.numel()
     if n == 0:
         return out
-    rows = _block_rows(_check_chunk(chunk_size), 6, vocab)  # 4 buffers + 2 possible copies
+    rows = _block_rows(check_chunk(chunk_size), 6, vocab)  # 4 buffers + 2 possible copies
     bufs = [torch.empty((min(rows, n), vocab), dtype=torch.float32, device=student.device) for _ in range(4)]
     kl = torch.empty(n, dtype=torch.float32, device=student.device)
     maxes = torch.empty((2, n), dtype=torch.float32, device=student.device)
