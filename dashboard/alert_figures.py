@@ -4,10 +4,9 @@ stagnation as its fitted reward trend, a non-finite statistic as a line at its s
 whose signal no chart shows stay markers on the entropy curve (the fallback)."""
 from __future__ import annotations
 
-# Alert rows have no signal column: the key travels in the message's evidence
-# ("[signal `key` = v, threshold t, forecast step n]"), which detectors.signal_of reads back.
+# An alert row names its chart in `signal` and carries what the detector fitted in `evidence`
+# (JSON data): nothing here reads the message, which is for people.
 import math
-import re
 import textwrap
 from collections.abc import Mapping, Sequence
 
@@ -16,12 +15,9 @@ import pandas as pd
 
 from forksight.dashboard.figures import (SEVERITY_COLOR, SEVERITY_SYMBOL, epoch_seconds,
                                          wall_strings, x_values)
-from forksight.monitor.alerts.detectors import signal_of
+from forksight.monitor.alerts.hub import evidence_of
 
 STAGNATION, NON_FINITE = "stagnation", "non_finite"
-STAGNATION_WINDOW = 100          # StagnationConfig.window's default, when the message lacks it
-_WINDOW = re.compile(r"over the last (\d+) steps")
-_FITTED = re.compile(r"now ≈\s*(-?\d+(?:\.\d+)?(?:e[-+]?\d+)?)")
 Panel = tuple[pd.DataFrame, str, str]     # a signal's drawn rows, its xref and yref
 
 
@@ -59,7 +55,8 @@ def route_alerts(alerts: pd.DataFrame | None, charts: Mapping[str, Sequence[str]
     that name no signal) under "rest", for the entropy chart."""
     if alerts is None:
         alerts = pd.DataFrame(columns=["step", "message"])
-    signals = alerts["message"].map(signal_of) if len(alerts) else pd.Series(dtype=object)
+    signals = alerts["signal"] if len(alerts) and "signal" in alerts else \
+        pd.Series(None, index=alerts.index, dtype=object)
     taken = pd.Series(False, index=alerts.index)
     out = {}
     for name, keys in charts.items():
@@ -120,16 +117,19 @@ def _nearest(rows: pd.DataFrame, step: int) -> pd.DataFrame:
 
 
 def stagnation_trend(alert: dict, level: float | None = None
-                     ) -> tuple[float, float, float, float]:
-    """(x0, y0, x1, y1) of the reward trend a stagnation alert fitted: it ends at the alert
-    step at the fitted level the message names (else `level`), over the window, with slope
-    value/(window-1) (`value` is the window's gain, not a level)."""
-    message = alert.get("message") or ""
-    window = _WINDOW.search(message)
-    span = (int(window.group(1)) if window else STAGNATION_WINDOW) - 1
-    fitted = _FITTED.search(message)
-    end = float(fitted.group(1)) if fitted else (level or 0.0)
-    step, gain = int(alert["step"]), float(alert.get("value") or 0.0)
+                     ) -> tuple[float, float, float, float] | None:
+    """(x0, y0, x1, y1) of the reward trend a stagnation alert fitted, from its evidence: it ends
+    at the alert step at the fitted level (else `level`) and spans the fitted window (`value` is
+    the window's gain, not a level). None when the row has no window in its evidence."""
+    evidence = evidence_of(alert)
+    span = _finite(evidence.get("span"))
+    if span is None and _finite(evidence.get("window")) is not None:
+        span = float(evidence["window"]) - 1.0     # rows migrated from messages: steps, not span
+    if span is None:
+        return None
+    fitted = _finite(evidence.get("fitted"))
+    end = fitted if fitted is not None else (level or 0.0)
+    step, gain = int(alert["step"]), float(_finite(alert.get("value")) or 0.0)
     return step - span, end - gain, step, end
 
 
@@ -170,16 +170,17 @@ def alert_layers(alerts: pd.DataFrame | None, panels: Mapping[str, Panel], x_axi
     marks: dict[tuple[str, str], dict[str, list]] = {}
     newest: dict[tuple, tuple[dict, Panel]] = {}
     for a in alerts.sort_values("step", kind="stable").to_dict("records"):
-        signal = signal_of(a.get("message") or "")
+        signal = a.get("signal") if isinstance(a.get("signal"), str) else None
         panel = panels.get(signal) if signal else None
         step = int(a["step"])
         if panel is not None:
             rows, xref, yref = panel
             newest[(signal, a.get("detector"), a.get("severity"))] = (a, panel)
-            if a.get("detector") == STAGNATION:
-                _, _, x1, y = stagnation_trend(a, _level_at(rows, step))
+            trend = stagnation_trend(a, _level_at(rows, step)) if a.get("detector") == STAGNATION else None
+            if trend is not None:
+                _, _, x1, y = trend
                 x = step_x(rows, x1, x_axis)
-            elif a.get("detector") == NON_FINITE:      # value counts the bad statistics
+            elif a.get("detector") in (NON_FINITE, STAGNATION):   # a count / a gain: not a level
                 x, y = step_x(rows, step, x_axis), _level_at(rows, step)
             else:                                      # the detector's smoothed statistic
                 x, y = step_x(rows, step, x_axis), _finite(a.get("value"))
@@ -218,9 +219,12 @@ def _explain(out: dict, a: dict, rows: pd.DataFrame, xref: str, yref: str, x_axi
              log_y: bool, drawn_forecasts: Sequence[int]) -> None:
     """The lines that say why one alert fired, added to out's data, shapes and annotations."""
     color = SEVERITY_COLOR.get(a.get("severity"), "#e67700")
-    signal = signal_of(a.get("message") or "")
+    signal = a.get("signal")
+    trend = stagnation_trend(a, _level_at(rows, int(a["step"]))) if a.get("detector") == STAGNATION else None
     if a.get("detector") == STAGNATION:
-        x0, y0, x1, y1 = stagnation_trend(a, _level_at(rows, int(a["step"])))
+        if trend is None:          # no fitted window stored: the marker alone
+            return
+        x0, y0, x1, y1 = trend
         out["data"].append({
             "type": "scatter", "mode": "lines", "x": [step_x(rows, x0, x_axis),
                                                       step_x(rows, x1, x_axis)],

@@ -13,7 +13,6 @@ from forksight.dashboard import alert_figures as A
 from forksight.dashboard import figures as F
 from forksight.dashboard import run_figures as R
 from forksight.dashboard import run_view
-from forksight.monitor.alerts.detectors import signal_of
 
 STEPS = 80
 
@@ -31,14 +30,13 @@ def scalars(steps: int = STEPS) -> pd.DataFrame:
 
 
 def alert(step: int, detector: str, signal: str, value: float, threshold: float,
-          forecast: int | None = None, severity: str = "warning", text: str = "") -> dict:
-    """An alerts-table row whose message ends in the evidence, as detector_base writes it."""
-    evidence = f"signal `{signal}` = {value:.4g}, threshold {threshold:.4g}"
-    evidence += f", forecast step {forecast}" if forecast is not None else ""
-    message = f"{text or detector} [{evidence}] Fix: do something."
-    assert signal_of(message) == signal
-    return {"step": step, "detector": detector, "severity": severity, "message": message,
-            "action": "act", "value": value, "threshold": threshold, "forecast": forecast}
+          forecast: int | None = None, severity: str = "warning", text: str = "",
+          evidence: str | None = None) -> dict:
+    """An alerts-table row as the store keeps it: signal and evidence (JSON text) are columns;
+    the message is prose nothing here reads."""
+    return {"step": step, "detector": detector, "severity": severity, "message": text or detector,
+            "action": "act", "value": value, "threshold": threshold, "forecast": forecast,
+            "signal": signal, "evidence": evidence}
 
 
 def frame(*rows: dict) -> pd.DataFrame:
@@ -107,9 +105,10 @@ def test_each_alert_sits_on_the_chart_that_shows_its_signal():
 
 
 def test_stagnation_draws_the_fitted_reward_trend_ending_at_the_alert():
-    text = ("Stagnation: `reward/mean` gained +0.0040 (at most +0.0100 at 2 standard errors) "
-            "over the last 100 steps (now ≈0.312; plateau below +0.02) while pass@1 is 0.300.")
-    stag = alert(180, "stagnation", "reward/mean", 0.004, 0.02, text=text)
+    # the message names other numbers: the figure draws the stored evidence, never the prose
+    text = "Stagnation: `reward/mean` gained +0.9 over the last 7 steps (now ≈0.5)."
+    stag = alert(180, "stagnation", "reward/mean", 0.004, 0.02, text=text,
+                 evidence='{"window": 100, "span": 99, "fitted": 0.312, "slope": 4.04e-05}')
     fig = R.passk_figure(scalars(200), alerts=frame(stag))
     go.Figure(fig)
     [trend] = [t for t in fig["data"] if t["meta"].get("role") == "trend"]
@@ -117,6 +116,17 @@ def test_stagnation_draws_the_fitted_reward_trend_ending_at_the_alert():
     slope = (trend["y"][1] - trend["y"][0]) / (trend["x"][1] - trend["x"][0])
     assert slope == pytest.approx(0.004 / 99) == trend["meta"]["slope"]
     assert markers(fig)[0]["x"] == [180] and not hlines(fig)   # a gain is not a level
+
+
+def test_stagnation_without_a_stored_window_is_a_marker_at_the_reward_level():
+    # a row whose evidence lacks the fitted window (an old file whose prose named none)
+    stag = alert(180, "stagnation", "reward/mean", 0.004, 0.02,
+                 text="over the last 100 steps (now ≈0.312)")
+    fig = R.passk_figure(scalars(200), alerts=frame(stag))
+    go.Figure(fig)
+    assert not [t for t in fig["data"] if t["meta"].get("role") == "trend"] and not hlines(fig)
+    [marks] = markers(fig)
+    assert marks["x"] == [180] and marks["y"] == [pytest.approx(0.3)]     # the drawn reward
 
 
 def test_non_finite_marks_the_named_key_at_its_step():

@@ -30,6 +30,8 @@ class Column:
     lt: int | None = None
     max_chars: int | None = None
     min_chars: int | None = None
+    choices: tuple[str, ...] = ()   # the only values a text column takes (e.g. an alert's severity)
+    json: bool = False              # text holding a JSON object; a record built from the table holds the dict
 
     @property
     def sql(self) -> str:
@@ -159,17 +161,35 @@ HISTOGRAMS = Table("histograms", (
     Column("count", pa.float64(), "values in the bin", wire=False),
 ))
 
+# forksight.monitor.alerts' Alert record is built from these columns (all but run_id and wall_time):
+# one declaration for the record a detector returns and the row the store keeps
 ALERTS = Table("alerts", (
-    _run_id(), _step(),
+    _run_id(),
+    Column("step", pa.int64(), "training step whose statistics raised the alert", required=True),
     Column("wall_time", pa.float64(), "unix seconds"),
-    Column("detector", pa.string(), "what fired"),
-    Column("severity", pa.string(), "warning or critical"),
-    Column("message", pa.string(), "what was seen, with the numbers"),
-    Column("value", pa.float64(), "the statistic that crossed the threshold"),
+    Column("detector", pa.string(), "what fired, e.g. 'entropy_collapse'", required=True),
+    Column("severity", pa.string(), "'warning' (act soon) or 'critical' (the run is being lost)",
+           required=True, choices=("warning", "critical")),
+    Column("message", pa.string(), "what was seen, with the numbers", required=True),
+    Column("value", pa.float64(), "the (smoothed) statistic that crossed the threshold"),
     Column("threshold", pa.float64(), "the threshold it crossed"),
-    Column("forecast", pa.int64(), "predicted step of the crossing"),
-    Column("action", pa.string(), "the recommended fix"),
+    Column("forecast", pa.int64(), "predicted step of the crossing, for forecasts"),
+    Column("action", pa.string(), "the recommended fix", required=True),
+    Column("signal", pa.string(), "the scalar key `value` belongs to: the chart the alert is drawn on"),
+    Column("evidence", pa.string(), "what else the detector measured, as a JSON object: window (steps "
+           "fitted), baseline, fitted parameters (slope, r2, fitted level), the conditions that held",
+           json=True),
 ))
+# files written before signal/evidence were columns kept the signal only in the message's evidence
+# ("[signal `key` = ...") and stagnation's window and fitted level only in its prose: read once, here
+ALERTS_BACKFILL = r"""
+UPDATE alerts SET signal = regexp_extract(message, '\[signal `([^`]+)` = ', 1)
+ WHERE signal IS NULL AND message LIKE '%[signal `%';
+UPDATE alerts SET evidence = json_object(
+    'window', TRY_CAST(regexp_extract(message, 'over the last (\d+) steps', 1) AS INTEGER),
+    'fitted', TRY_CAST(regexp_extract(message, 'now ≈\s*(-?[0-9.]+(?:e[-+]?[0-9]+)?)', 1) AS DOUBLE))
+ WHERE evidence IS NULL AND detector = 'stagnation' AND message LIKE '%over the last % steps%';
+"""
 
 BATCHES = Table("batches", (
     _run_id(),
@@ -189,4 +209,4 @@ SAMPLE_FIELDS = tuple(c.name for c in SAMPLES.wire_columns() if c.name != "step"
 
 def schema_sql() -> str:
     """The DDL of every table, plus the columns older files lack."""
-    return "\n".join(t.ddl() + t.add_missing_columns() for t in TABLES.values())
+    return "\n".join(t.ddl() + t.add_missing_columns() for t in TABLES.values()) + ALERTS_BACKFILL

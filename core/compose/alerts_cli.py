@@ -3,6 +3,7 @@ thresholds on your own history; nothing is written unless --write (which replace
 """
 from __future__ import annotations
 
+from forksight.base.interfaces import Reader
 import argparse
 import json
 import sys
@@ -28,7 +29,7 @@ def add_parser(subparsers) -> None:
     alerts.set_defaults(func=lambda args: alerts.print_help() or 2)
 
 
-def replay_rows(reader, run_id: str, config, vocab_size: int | None = None) -> tuple[list[dict], int]:
+def replay_rows(reader: Reader, run_id: str, config, vocab_size: int | None = None) -> tuple[list[dict], int]:
     """Feed every stored step of `run_id` (ranks merged) through a fresh AlertMonitor.
 
     Returns (alert rows stamped with each step's wall time, number of steps replayed)."""
@@ -53,7 +54,7 @@ def write_rows(store, run_id: str, rows: list[dict]) -> int:
     """Replace the run's stored alerts with `rows` in one transaction; returns how many were removed."""
     import pyarrow as pa
 
-    from forksight.monitor.collector.store import ALERTS_SCHEMA
+    from forksight.base.records import ALERTS_SCHEMA
 
     table = pa.Table.from_pylist([{k: r.get(k) for k in ALERTS_SCHEMA.names} for r in rows], schema=ALERTS_SCHEMA)
 
@@ -84,12 +85,10 @@ def format_table(rows: list[dict]) -> str:
     """One header line per alert, then its message and action, indented."""
     if not rows:
         return "no alerts"
-    from forksight.monitor.alerts.detectors import signal_of
-
     out = [f"{'step':>7}  {'severity':8}  {'detector':17}  {'signal':20}  {'value':>10}  {'threshold':>10}  forecast"]
     for r in rows:
         fc = str(r["forecast"]) if r.get("forecast") is not None else "-"
-        signal = signal_of(r.get("message", "")) or "-"
+        signal = r.get("signal") or "-"
         out.append(f"{r['step']:>7}  {r['severity']:8}  {r['detector']:17}  {signal:20}  {_number(r.get('value'))}  "
                    f"{_number(r.get('threshold'))}  {fc}")
         out.append(f"         {r['message']}")
@@ -129,7 +128,9 @@ def run_replay(args: argparse.Namespace) -> int:
             vocab = run_config.get("vocab_size") if isinstance(run_config, dict) else None
         rows, steps = replay_rows(store.reader, args.run, config, int(vocab) if vocab else None)
         if args.format == "json":
-            print(json.dumps(rows, indent=1))
+            from forksight.monitor.alerts.hub import evidence_of
+
+            print(json.dumps([{**r, "evidence": evidence_of(r)} for r in rows], indent=1))
         else:
             print(format_table(rows))
         critical = sum(r["severity"] == "critical" for r in rows)

@@ -4,43 +4,55 @@ fixed windows, running sums: a step costs microseconds however long the run), ga
 from __future__ import annotations
 
 import math
-import re
 from collections import deque
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+import pyarrow as pa
+from pydantic import Field, create_model
 
+from forksight.base.tables import ALERTS, Column
 from forksight.monitor.alerts.config import DetectorConfig
 
 Severity = Literal["warning", "critical"]
-_TINY = 1e-12  # floor under log(entropy): a fully collapsed step must not give log(0)
+TINY = 1e-12  # floor under log(entropy): a fully collapsed step must not give log(0)
 
 
-class Alert(BaseModel):
-    """One alert: what fired, how bad, the numbers, and what to do about it."""
-
-    detector: str = Field(description="detector name, e.g. 'entropy_collapse'")
-    severity: Severity = Field(description="'warning' (act soon) or 'critical' (the run is being lost)")
-    step: int = Field(description="training step whose statistics raised the alert")
-    message: str = Field(description="what was seen, with the numbers")
-    action: str = Field(description="the recommended fix")
-    value: float | None = Field(None, description="the (smoothed) statistic that crossed the threshold")
-    threshold: float | None = Field(None, description="the threshold it crossed")
-    forecast: int | None = Field(None, description="predicted step of the crossing, for forecasts")
-    signal: str | None = Field(None, description="the scalar key the value belongs to (also in the message: see signal_of)")
+def _alert_field(column: Column) -> tuple[Any, Any]:
+    """(type, Field) of one alerts-table column on the Alert record."""
+    if column.json:
+        return dict[str, Any], Field(default_factory=dict, description=column.help)
+    kind = (Literal[column.choices] if column.choices else
+            int if pa.types.is_integer(column.arrow) else
+            float if pa.types.is_floating(column.arrow) else str)
+    if column.required:
+        return kind, Field(description=column.help)
+    return kind | None, Field(None, description=column.help)
 
 
-_SIGNAL = re.compile(r"\[signal `([^`]+)` = ")
-
-
-def signal_of(message: str) -> str | None:
-    """The scalar key an alert row's message names as its evidence (the alerts table has no column for it)."""
-    found = _SIGNAL.search(message or "")
-    return found.group(1) if found else None
+# One alert: what fired, how bad, the numbers (value, threshold, forecast on `signal`; the rest
+# as `evidence` data) and what to do. Its fields are the alerts table's columns (forksight.base.tables).
+Alert = create_model(
+    "Alert", __doc__="One alert: what fired, how bad, the numbers and the evidence as data, the fix.",
+    **{c.name: _alert_field(c) for c in ALERTS.columns if c.name not in ("run_id", "wall_time")})
 
 
 def _num(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4g}"
+
+
+def _plain(x: Any) -> Any:
+    """An evidence value as JSON data: numbers rounded to 6 significant digits, non-finite as None."""
+    if isinstance(x, bool) or x is None or isinstance(x, str):
+        return x
+    if isinstance(x, int):
+        return x
+    if isinstance(x, float):
+        return float(f"{x:.6g}") if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return str(x)
 
 
 # ---------------------------------------------------------------------------- bounded state
@@ -207,15 +219,18 @@ class Detector:
     fix = "see the action"  # the first thing to try, named in every message
 
     def _alert(self, step: int, severity: Severity, message: str, action: str, value: float | None,
-               threshold: float | None, forecast: int | None = None, *, signal: str) -> Alert:
-        """The message ends in the evidence (signal, value, threshold, forecast) and the fix, in the
-        same words for every detector, so a reader or the dashboard finds them in the stored row."""
+               threshold: float | None, forecast: int | None = None, *, signal: str,
+               evidence: dict[str, Any] | None = None) -> Alert:
+        """The alert with its evidence as data (signal, value, threshold, forecast, and `evidence`:
+        window, baseline, fitted parameters, the conditions that held); the message, for people,
+        ends in the same numbers and the fix."""
         numbers = f"signal `{signal}` = {_num(value)}, threshold {_num(threshold)}"
         if forecast is not None:
             numbers += f", forecast step {forecast}"
         message = f"{message} [{numbers}] Fix: {self.fix}."
+        clean = {k: _plain(v) for k, v in (evidence or {}).items() if v is not None}
         return Alert(detector=self.name, severity=severity, step=step, message=message, action=action,
-                     value=value, threshold=threshold, forecast=forecast, signal=signal)
+                     value=value, threshold=threshold, forecast=forecast, signal=signal, evidence=clean)
 
     def observe(self, step: int, scalars: dict[str, float], seen: int) -> list[Alert]:
         raise NotImplementedError

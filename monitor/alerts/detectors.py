@@ -9,11 +9,11 @@ from forksight.monitor.alerts.config import (DiversityConfig, ExplosionConfig, F
                                             StagnationConfig)
 from forksight.monitor.alerts.collapse import ACTION_COLLAPSE, ACTION_COVARIANCE, CollapseDetector, CovarianceDetector
 from forksight.monitor.alerts.detector_base import (Alert, Baseline, DebiasedEMA, Detector, Gate, RollingOLS, Severity,
-                                             Tiers, signal_of)
+                                                    Tiers)
 
 __all__ = ["Alert", "Baseline", "DebiasedEMA", "Detector", "Gate", "RollingOLS", "Severity", "Tiers",
            "CollapseDetector", "CovarianceDetector", "ExplosionDetector", "DiversityDetector", "ForkDetector",
-           "StagnationDetector", "NonFiniteDetector", "ACTION_COLLAPSE", "ACTION_COVARIANCE", "signal_of"]
+           "StagnationDetector", "NonFiniteDetector", "ACTION_COLLAPSE", "ACTION_COVARIANCE"]
 
 # ---------------------------------------------------------------------------- actions
 ACTION_EXPLOSION = ("Entropy is running away (incoherent chains): lower the learning rate, reduce or remove "
@@ -115,7 +115,10 @@ class ExplosionDetector(Detector):
         msg = (f"Entropy explosion: smoothed {label} `{key}` = {value:.4f} nats stayed above {ceiling:.4f} "
                f"for {c.persist} steps, up {100 * (value / base - 1):.0f}% from the run's own baseline {base:.4f} "
                f"({rule}){evidence}")
-        return [self._alert(step, severity, msg, ACTION_EXPLOSION, value, ceiling, signal=key)]
+        return [self._alert(step, severity, msg, ACTION_EXPLOSION, value, ceiling, signal=key,
+                            evidence={"baseline": base, "reasons": reasons,
+                                      "window": self.trend[key].n if fit else None,
+                                      "slope": fit[0] if fit else None, "r2": fit[2] if fit else None})]
 
 
 class DiversityDetector(Detector):
@@ -183,7 +186,10 @@ class DiversityDetector(Detector):
         p1 = f"{pass1:.3f}" if pass1 is not None else "n/a"
         msg = f"Lost diversity: {' and '.join(parts)} while pass@1 is {p1} < {c.pass1_target:g}."
         value, thr, key = (gap, gap_thr, f"pass@{k}-pass@1") if gap_low else (zv, zv_thr, c.zero_var_key)
-        return [self._alert(step, severity, msg, ACTION_DIVERSITY, value, thr, signal=key)]
+        return [self._alert(step, severity, msg, ACTION_DIVERSITY, value, thr, signal=key,
+                            evidence={"pass@1": pass1, "group_k": k, "gap": gap, "gap_threshold": gap_thr,
+                                      "gap_baseline": self.gap_base.value if gap is not None else None,
+                                      "zero_var": zv, "zero_var_threshold": zv_thr})]
 
 
 class ForkDetector(Detector):
@@ -217,7 +223,8 @@ class ForkDetector(Detector):
         thr = c.critical_floor if severity == "critical" else c.floor
         msg = (f"Fork-token starvation: {100 * smooth:.2f}% of tokens have H ≥ 0.672 (baseline "
                f"{100 * self.baseline.value:.2f}%, floor {100 * thr:.2f}%).")
-        return [self._alert(step, severity, msg, ACTION_FORK, smooth, thr, signal=key)]
+        return [self._alert(step, severity, msg, ACTION_FORK, smooth, thr, signal=key,
+                            evidence={"baseline": self.baseline.value})]
 
 
 class StagnationDetector(Detector):
@@ -241,7 +248,7 @@ class StagnationDetector(Detector):
         level = self.progress.update(scalars.get(c.pass1_key, reward))
         if seen < c.warmup_steps or self.trend.n < c.window:
             return []
-        slope, fitted, _ = self.trend.fit() or (0.0, reward, 0.0)
+        slope, fitted, r2 = self.trend.fit() or (0.0, reward, 0.0)
         gain = slope * self.trend.span
         # a plateau the data show: even the optimistic end of the gain's interval is short of the
         # minimum (a noisy reward's 100-step gain is uncertain by several hundredths)
@@ -254,7 +261,9 @@ class StagnationDetector(Detector):
         msg = (f"Stagnation: `{c.reward_key}` gained {gain:+.4f} (at most {upper:+.4f} at {c.confidence_z:g} "
                f"standard errors) over the last {self.trend.n} steps (now ≈{fitted:.3f}; plateau below "
                f"+{c.min_improvement:g}) while pass@1 is {level:.3f} < target {c.pass1_target:g}.")
-        return [self._alert(step, "warning", msg, ACTION_STAGNATION, gain, c.min_improvement, signal=c.reward_key)]
+        return [self._alert(step, "warning", msg, ACTION_STAGNATION, gain, c.min_improvement, signal=c.reward_key,
+                            evidence={"window": self.trend.n, "span": self.trend.span, "slope": slope,
+                                      "fitted": fitted, "r2": r2, "upper": upper, "level": level})]
 
 
 class NonFiniteDetector(Detector):
@@ -282,4 +291,5 @@ class NonFiniteDetector(Detector):
         more = f" (+{len(scalars) - 10} more)" if len(scalars) > 10 else ""
         msg = f"Non-finite statistics at step {step}: {shown}{more}."
         return [self._alert(step, "critical", msg, ACTION_NON_FINITE, float(len(scalars)), 0.0,
-                            signal=sorted(scalars)[0])]
+                            signal=sorted(scalars)[0],
+                            evidence={"keys": sorted(scalars)[:10], "values": [str(scalars[k]) for k in sorted(scalars)[:10]]})]

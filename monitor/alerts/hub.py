@@ -33,7 +33,8 @@ from forksight.monitor.alerts.config import (  # noqa: F401 - the configs' publi
 from forksight.base.errors import validation_message
 from forksight.base.tables import ALERTS
 
-__all__ = ["Alert", "AlertConfig", "AlertMonitor", "AlertHub", "load_alert_config", "ALERT_COLUMNS"]
+__all__ = ["Alert", "AlertConfig", "AlertMonitor", "AlertHub", "load_alert_config", "ALERT_COLUMNS", "alert_row",
+           "evidence_of"]
 
 logger = logging.getLogger("forksight.alerts")
 
@@ -172,6 +173,22 @@ class AlertHub:
 
 
 def alert_row(run_id: str, alert: Alert, wall_time: float) -> dict:
-    """An Alert as a row of the `alerts` table (wall_time: seconds since the epoch); the signal
-    key has no column and travels in the message (detectors.signal_of reads it back)."""
-    return {"run_id": run_id, "wall_time": wall_time, **alert.model_dump(exclude={"signal"})}
+    """An Alert as a row of the `alerts` table (wall_time: seconds since the epoch); its evidence
+    as the JSON text the column stores."""
+    row = {"run_id": run_id, "wall_time": wall_time, **alert.model_dump()}
+    row["evidence"] = json.dumps(row["evidence"], allow_nan=False) if row["evidence"] else None
+    return row
+
+
+def evidence_of(row: Any) -> dict[str, Any]:
+    """The evidence of a stored alert row (a dict, or the column's JSON text, or nothing) as a dict."""
+    value = row.get("evidence") if hasattr(row, "get") else None
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str) and value:
+        try:
+            found = json.loads(value)
+        except json.JSONDecodeError:
+            return {}
+        return found if isinstance(found, dict) else {}
+    return {}
