@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from forksight.base.interfaces import Sink
 from forksight.hooks import metrics
 from forksight.trainer.config import TrainConfig
 from forksight.trainer.model import build_tiny, load
@@ -95,7 +96,7 @@ def open_run_sink(config: TrainConfig, run_name: str, rank: int, world: int):
     return sink
 
 
-def setup(config: TrainConfig, sink=None, *, model=None, tokenizer=None,
+def setup(config: TrainConfig, sink: Sink | None = None, *, model=None, tokenizer=None,
           teacher=None) -> tuple[Context, Any]:
     """Build the step context (and the sink unless one is given). model/tokenizer/teacher:
     use these objects instead of loading (benchmarks, notebooks)."""
@@ -189,7 +190,7 @@ def load_checkpoint(ctx: Context, path: Path) -> dict:
 # the loop
 
 
-def train(config: TrainConfig, sink=None) -> TrainResult:
+def train(config: TrainConfig, sink: Sink | None = None) -> TrainResult:
     """Run (or resume) a training run; streams to `sink`, else to the sink the config names.
     Ctrl-C (SIGINT) ends it cleanly: checkpoint saved, records flushed, run marked stopped."""
     from tqdm.auto import tqdm
@@ -273,7 +274,7 @@ class _StopRequest:
         self._previous.clear()
 
 
-def _should_stop(sink, world: int) -> bool:
+def _should_stop(sink: Sink, world: int) -> bool:
     """Any rank's sink saw a critical alert (with stop_on_alert): every rank stops together."""
     flag = torch.tensor([1.0 if getattr(sink, "should_stop", False) else 0.0])
     if world > 1 and torch.distributed.get_backend() == "nccl":

@@ -12,6 +12,7 @@ from urllib.parse import urlparse
 
 from fastapi import FastAPI
 
+from forksight.base.interfaces import AlertHub, Reader
 from forksight.monitor.collector.guard import GuardMiddleware, check_bind
 from forksight.monitor.collector.server import create_api
 from forksight.monitor.collector.store import Store
@@ -19,7 +20,7 @@ from forksight.monitor.collector.store import Store
 log = logging.getLogger("forksight.compose.app")
 
 
-def create_app(store: Store, *, token: str | None = None, dashboard: bool = True, hub=None) -> FastAPI:
+def create_app(store: Store, *, token: str | None = None, dashboard: bool = True, hub: AlertHub | None = None) -> FastAPI:
     """The collector app over `store`: /api routes first, the Dash dashboard at /, all behind the guard."""
     app = create_api(store, hub=hub)      # hub: the AlertHub (None: the environment's defaults)
     if dashboard:
@@ -28,7 +29,7 @@ def create_app(store: Store, *, token: str | None = None, dashboard: bool = True
     return app
 
 
-def _mount_dashboard(app: FastAPI, reader) -> None:
+def _mount_dashboard(app: FastAPI, reader: Reader) -> None:
     # mounted after the /api routes, so they match first
     from a2wsgi import WSGIMiddleware
 

@@ -10,6 +10,7 @@ papers report, live.
 """
 from __future__ import annotations
 
+from forksight.base.interfaces import Reader
 import argparse
 import os
 import signal
@@ -60,7 +61,7 @@ def _train_argv(strategy: str, args: argparse.Namespace, url: str) -> list[str]:
     return argv
 
 
-def _status_line(reader, run_id: str, proc: subprocess.Popen) -> str:
+def _status_line(reader: Reader, run_id: str, proc: subprocess.Popen) -> str:
     df = reader.read_scalars(run_id, ["entropy/mean", "reward/mean", "pass@1"], downsample=2)
     latest = {k: (int(g.step.iloc[-1]), float(g.value.iloc[-1])) for k, g in df.groupby("key")}
     step = max((v[0] for v in latest.values()), default=None)
@@ -76,7 +77,7 @@ def _status_line(reader, run_id: str, proc: subprocess.Popen) -> str:
             f"{last_alert}")
 
 
-def _run_ids(reader, procs: dict) -> dict[str, str]:
+def _run_ids(reader: Reader, procs: dict) -> dict[str, str]:
     """Run name → the newest run id with that name (a rerun on the same file gets name-2…)."""
     runs = reader.list_runs().sort_values("created_at")
     return {name: runs.run_id[runs.name == name].iloc[-1] for name in procs if (runs.name == name).any()}

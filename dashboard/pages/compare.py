@@ -4,6 +4,7 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, dcc, html
 
+from forksight.base.interfaces import Reader
 from forksight.dashboard import data
 from forksight.dashboard.compare_figures import COMPARE_PANELS, compare_figure
 from forksight.dashboard.figures import pass_keys
@@ -12,7 +13,7 @@ REFRESH_MS = 5000
 MAX_RUNS = 12
 
 
-def compare_runs(reader, run_ids: list[str], smoothing: float = 0.0,
+def compare_runs(reader: Reader, run_ids: list[str], smoothing: float = 0.0,
                  max_points: int = 1000) -> dict:
     """The overlay figure for these runs (unknown ids are skipped)."""
     runs = reader.list_runs().set_index("run_id")

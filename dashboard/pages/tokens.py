@@ -7,6 +7,7 @@ import dash
 import pandas as pd
 from dash import Input, Output, State, ctx, dcc, html, no_update
 
+from forksight.base.interfaces import Reader
 from forksight.dashboard import data
 from forksight.dashboard.data import LRU
 from forksight.dashboard.figures import downsample_indices
@@ -19,7 +20,7 @@ HISTORY_STEPS = 24      # columns of the position × step heatmap (one read per 
 TICK_MS = 1000          # how often an open page looks for new steps (as the run page does)
 
 
-def _step_rows(reader, run_id: str, step: int, cache: LRU | None = None,
+def _step_rows(reader: Reader, run_id: str, step: int, cache: LRU | None = None,
                newest: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     def read():
         return reader.read_tokens(run_id, step), reader.read_samples(run_id, step=step)
@@ -30,7 +31,7 @@ def _step_rows(reader, run_id: str, step: int, cache: LRU | None = None,
     return cache.get_or_compute((run_id, step), read)
 
 
-def run_scale(reader, run_id: str, metric: str, steps: list[int],
+def run_scale(reader: Reader, run_id: str, metric: str, steps: list[int],
               cache: LRU | None = None) -> TokenScale:
     """The run's fixed colour scale for `metric`, read from its first EARLY_STEPS token steps
     (`steps`: the run's token steps, ascending)."""
@@ -65,7 +66,7 @@ def _rollout(row: dict, tokens: pd.DataFrame, metric: str, scale: TokenScale,
     ])
 
 
-def render_step(reader, run_id: str, step: int, choice: str | None, metric: str,
+def render_step(reader: Reader, run_id: str, step: int, choice: str | None, metric: str,
                 cache: LRU | None = None, scale: TokenScale | None = None,
                 newest: int | None = None) -> dict:
     """Everything the page shows for one step and pick: options, prompt, the chosen
@@ -100,7 +101,7 @@ def render_step(reader, run_id: str, step: int, choice: str | None, metric: str,
 MIN_PROMPT_STEPS = 3    # fewer steps with this prompt: show every sampled rollout instead
 
 
-def prompt_history(reader, run_id: str, prompt: str | None, metric: str,
+def prompt_history(reader: Reader, run_id: str, prompt: str | None, metric: str,
                    max_steps: int = HISTORY_STEPS, cache: LRU | None = None,
                    all_steps: list[int] | None = None) -> tuple[pd.DataFrame, bool]:
     """Token rows (step, pos, metric) of this prompt's rollouts over up to max_steps of the
@@ -125,7 +126,7 @@ def prompt_history(reader, run_id: str, prompt: str | None, metric: str,
     return rows, bool(prompt)
 
 
-def _runs(reader) -> list[dict]:
+def _runs(reader: Reader) -> list[dict]:
     return [{"label": f"{r['name']} · {r.get('strategy') or '–'}", "value": r["run_id"]}
             for r in reader.list_runs().to_dict("records")]
 

@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from forksight.base.interfaces import Sink
 from forksight.hooks.capture.forward import ForwardCapture
 from forksight.hooks.capture.forward_stats import ForwardRecord, ForwardStats
 from forksight.hooks.capture.report import StepReporter
@@ -19,7 +20,7 @@ class AttachHandle:
     """Hooks on one model, a context manager (`detach()` removes all). Stages: ForwardCapture (hooks) →
     ForwardStats (per forward) → StepBuffer (a step as one batch) → StepReporter; SampleLog holds rewards."""
 
-    def __init__(self, model: torch.nn.Module, sink, *, tokenizer=None, owns_sink: bool = True,
+    def __init__(self, model: torch.nn.Module, sink: Sink, *, tokenizer=None, owns_sink: bool = True,
                  group_size: int | None = None, sample: int = 1, every: int = 1,
                  js_groups: int | str | None = None, js_budget: float = 0.02,
                  temperature: float = 1.0, chunk_size: int = 1024,

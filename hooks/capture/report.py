@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from forksight.base.interfaces import Sink
 from forksight.base.constants import FORK_ENTROPY
 from forksight.hooks import metrics
 
@@ -29,7 +30,7 @@ class StepReporter:
     fork_entropy is the ABSOLUTE fork reference (H ≥ 0.672) behind `fork/frac` and the `fork` column,
     not a strategy's top-ρ quantile (that arrives as `selected`)."""
 
-    def __init__(self, sink, tokenizer=None, token_groups: int = 1, max_token_rows: int = 4096,
+    def __init__(self, sink: Sink, tokenizer=None, token_groups: int = 1, max_token_rows: int = 4096,
                  fork_entropy: float = FORK_ENTROPY):
         self.sink = sink
         self.tokenizer = tokenizer

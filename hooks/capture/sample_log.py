@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from forksight.base.interfaces import Sink
 from forksight.hooks import metrics
 
 
@@ -42,7 +43,7 @@ class SampleLog:
     """Sample rows waiting for their step's report, by step; with_scalars=False when the caller
     logs the reward scalars itself (TRL: rank 0 from the rewards gathered over all ranks)."""
 
-    def __init__(self, sink):
+    def __init__(self, sink: Sink):
         self.sink = sink
         self.pending: dict[int, tuple[list[dict], bool]] = {}
 

@@ -10,6 +10,7 @@ import pandas as pd
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 
+from forksight.base.interfaces import Reader
 from forksight.base.errors import ApiError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -32,7 +33,7 @@ def _isna(value: Any) -> bool:
         return False
 
 
-def read_routes(reader, has_run: Callable[[str], bool]) -> APIRouter:
+def read_routes(reader: Reader, has_run: Callable[[str], bool]) -> APIRouter:
     """GET routes over `reader`; `has_run(run_id)` decides 404 for the per-run ones."""
     router = APIRouter()
 

@@ -8,6 +8,7 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
+from forksight.base.interfaces import Sink
 from forksight.base.wiring import provided
 from forksight.monitor.sinks.base import SinkBase
 from forksight.monitor.sinks.http import HttpSink
@@ -68,7 +69,7 @@ def collector_answers(url: str, token: str | None = None, timeout: float = 0.5) 
 def open_sink(run: str = "run", url: str | None = None, db: str | None = None, *,
               strategy: str | None = None, model: str | None = None, config: dict | None = None,
               project: str = "default", rank: int = 0, stop_on_alert: bool = False,
-              embedded: bool = True, token: str | None = None, resume: bool = False) -> SinkBase:
+              embedded: bool = True, token: str | None = None, resume: bool = False) -> Sink:
     """The sink for one run: HTTP to `url`, in-process on `db`, or (neither) $FORKSIGHT_URL, else an
     embedded collector that rank 0 starts on ./forksight.duckdb. resume: continue the run whose
     id is `run`, not a new `run-2`. Ranks > 0 never open a DuckDB file (one process owns it)."""
