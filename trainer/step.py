@@ -187,6 +187,15 @@ def report_step(ctx: Context, step: int, batch: Batch, stats: metrics.TokenStats
 # the step
 
 
+def truncated_frac(ctx: Context, roll) -> float:
+    """Share of completions cut off at max_new_tokens (no EOS): TRL's completions/clipped_ratio,
+    verl's response_length/clip_ratio. Their reward measures the length cap, not the policy."""
+    completion = roll.completion
+    if completion.shape[1] < ctx.config.max_new_tokens:   # generation stopped early: every row ended
+        return 0.0
+    return float((~(completion == ctx.tokenizer.eos_token_id).any(dim=1)).float().mean())
+
+
 def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, float]:
     """One RL step; returns the scalars the reporter streamed (or the loss-side ones).
     report=False skips monitoring entirely (statistics the strategy does not need, reporting):
@@ -203,7 +212,7 @@ def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, flo
     sel, teacher_logits, _ = selection(ctx, step, batch.roll, logits, stats, adv)
     extra = {**sel.info, **update(ctx, batch.roll, logits, hidden, adv, sel, teacher_logits)}
     extra.update({"time/rollout": t_rollout - t0, "time/stats": t_stats - t_forward,
-                  "time/step": time.perf_counter() - t0})
+                  "time/step": time.perf_counter() - t0, "length/clip_frac": truncated_frac(ctx, batch.roll)})
     if not report or ctx.reporter is None:
         return extra
     return report_step(ctx, step, batch, stats, sel, adv, extra)
