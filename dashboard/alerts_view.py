@@ -8,6 +8,7 @@ from urllib.parse import quote
 import pandas as pd
 from dash import dcc, html
 
+from forksight.base.interfaces import Reader
 from forksight.dashboard.verdict import COLLAPSE, Verdict
 
 SHOWN = 3          # alerts shown before "show all N"
@@ -75,7 +76,8 @@ def alert_list(alerts: pd.DataFrame | None, run_id: str, prefix: str = "/") -> l
     if alerts is None or alerts.empty:
         return []
     pin = first_forecast(alerts)
-    rest = alerts.sort_values(["step", "wall_time"], ascending=False)
+    order = [c for c in ("step", "wall_time") if c in alerts]
+    rest = alerts.sort_values(order, ascending=False, kind="stable")
     if pin is not None:
         rest = rest[~((rest["step"] == pin["step"]) & (rest["detector"] == pin["detector"])
                       & (rest["severity"] == pin["severity"]))]
@@ -98,3 +100,18 @@ def verdict_chip(v: Verdict, **kw) -> html.Span:
     """The run's health as a coloured chip; its title says why."""
     return html.Span(v.label, title=v.why, className=f"chip chip-{v.state}",
                      style={"backgroundColor": v.color}, **kw)
+
+
+def read_verdicts(reader: Reader, run_ids=None) -> dict[str, Verdict]:
+    """Every run's (or run_ids') verdict from its alerts and latest entropy (three queries)."""
+    from forksight.dashboard.verdict import ENTROPY_KEY, verdicts_of_runs
+
+    runs = reader.list_runs()
+    if run_ids is not None:
+        runs = runs[runs["run_id"].isin(list(run_ids))]
+    last = reader.read_scalars_of_runs([ENTROPY_KEY], downsample=2)
+    latest = {rid: {ENTROPY_KEY: float(rows["value"].iloc[-1])}
+              for rid, rows in last.groupby("run_id")} if not last.empty else {}
+    steps = {r["run_id"]: None if pd.isna(r["last_step"]) else int(r["last_step"])
+             for r in runs.to_dict("records")}
+    return verdicts_of_runs(reader.read_alerts(), latest, steps)

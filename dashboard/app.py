@@ -9,14 +9,17 @@ from pathlib import Path
 import dash
 from dash import Dash, dcc, html
 
+from forksight.base.interfaces import Reader
 from forksight.dashboard import data
 
 PAGES = ("forksight.dashboard.pages.runs", "forksight.dashboard.pages.run",
-         "forksight.dashboard.pages.tokens", "forksight.dashboard.pages.compare")
-NAV = (("Runs", "/"), ("Run", "/run"), ("Tokens", "/tokens"), ("Compare", "/compare"))
+         "forksight.dashboard.pages.tokens", "forksight.dashboard.pages.compare",
+         "forksight.dashboard.pages.alerts")
+NAV = (("Runs", "/"), ("Run", "/run"), ("Tokens", "/tokens"), ("Compare", "/compare"),
+       ("Alerts", "/alerts"))
 
 
-def create_dash(reader, *, url_base: str = "/") -> Dash:
+def create_dash(reader: Reader, *, url_base: str = "/") -> Dash:
     """The dashboard reading only through `reader`; its Flask app is `.server`."""
     if not (url_base.startswith("/") and url_base.endswith("/")):
         raise ValueError(f"url_base must start and end with '/', got {url_base!r}")

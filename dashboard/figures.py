@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from forksight.base.downsample import keep_indices
 from forksight.base.constants import FORK_ENTROPY
 
 FORK_THRESHOLD = FORK_ENTROPY   # 80th-percentile entropy of Wang et al. (ALGORITHMS.md §3)
@@ -58,12 +59,11 @@ def ema_debiased(values: Sequence[float], beta: float, acc: float = 0.0, count: 
 
 
 def downsample_indices(n: int, max_points: int | None) -> np.ndarray:
-    """Evenly spaced indices into n points, at most max_points, always keeping first and last."""
-    if max_points is None or n <= max_points:
-        return np.arange(n)
-    if max_points < 2:
+    """Evenly spaced indices into n points, at most max_points, always keeping first and last: the
+    same rule as the Reader's SQL (forksight.base.downsample)."""
+    if max_points is not None and max_points < 2:
         raise ValueError(f"max_points must be >= 2 to keep both endpoints, got {max_points}")
-    return np.unique(np.round(np.linspace(0, n - 1, max_points)).astype(np.int64))
+    return keep_indices(n, max_points)
 
 
 def use_webgl(n_points: int) -> bool:
@@ -266,3 +266,24 @@ def grid_axes(n: int, cols: int, hgap: float = 0.06, vgap: float = 0.16
                     {"domain": [clip(x0), clip(x0 + width)], "anchor": f"y{name}"},
                     {"domain": [clip(y1 - height), clip(y1)], "anchor": f"x{name}"}))
     return out
+
+
+def with_focus(figure: dict, step: int | None, x_axis: str = "step") -> dict:
+    """The figure with a labelled vertical line at `step` on each of its x axes (a link from an
+    alert opens the run page at its step); unchanged without a step, on the wall-time axis
+    or for a figure without axes."""
+    if step is None or x_axis != "step" or not figure.get("data"):
+        return figure
+    layout = dict(figure["layout"])
+    axes = sorted(k for k in layout if re.fullmatch(r"xaxis\d*", k)) or ["xaxis"]
+    shapes, notes = list(layout.get("shapes", [])), list(layout.get("annotations", []))
+    for axis in axes:
+        xref, yref = "x" + axis[5:], "y" + axis[5:]
+        shapes.append({"type": "line", "xref": xref, "x0": step, "x1": step,
+                       "yref": f"{yref} domain", "y0": 0, "y1": 1, "name": "focus",
+                       "line": {"color": "#1c7ed6", "width": 2, "dash": "solid"}})
+        notes.append({"text": f"step {step}", "xref": xref, "x": step, "yref": f"{yref} domain",
+                      "y": 0, "xanchor": "left", "yanchor": "bottom", "showarrow": False,
+                      "font": {"size": 10, "color": "#1c7ed6"}, "name": "focus"})
+    layout.update(shapes=shapes, annotations=notes)
+    return {**figure, "layout": layout}

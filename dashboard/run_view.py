@@ -12,11 +12,14 @@ from dataclasses import dataclass
 import pandas as pd
 from dash import html
 
+from forksight.base.interfaces import Reader
 from forksight.dashboard import alert_figures as A
 from forksight.dashboard import figures as F
 from forksight.dashboard import run_figures as R
 from forksight.dashboard.data import LRU
+from forksight.dashboard.alerts_view import alert_list
 from forksight.dashboard.live import extend_patch, trace_plan
+from forksight.dashboard.verdict import Verdict, verdict
 
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="forksight-dash-read")
 ALL_POINTS = 1 << 40          # "all" in the downsampling picker
@@ -63,7 +66,7 @@ def vocab_size(run: dict | None) -> int | None:
     return int(value) if isinstance(value, (int, float)) and value > 1 else None
 
 
-def run_row(reader, run_id: str) -> dict | None:
+def run_row(reader: Reader, run_id: str) -> dict | None:
     """The run's list_runs row as a dict, or None."""
     runs = reader.list_runs()
     rows = runs[runs["run_id"] == run_id]
@@ -76,26 +79,32 @@ def other_keys(keys: list[str]) -> list[str]:
     return [k for k in keys if k not in shown]
 
 
-def banner(alerts: pd.DataFrame) -> list:
-    """The newest alerts, critical first, with what to do (text children: escaped)."""
-    if alerts is None or alerts.empty:
-        return []
-    recent = alerts.sort_values("step").tail(20)
-    recent = recent.assign(rank=recent["severity"].map({"critical": 0}).fillna(1))
-    top = recent.sort_values(["rank", "step"], ascending=[True, False]).head(3)
-    items = []
-    for a in top.to_dict("records"):
-        sev = a.get("severity") or "warning"
-        items.append(html.Div(className=f"alert alert-{sev}", children=[
-            html.Strong(f"{sev.upper()} · {a.get('detector')} · step {int(a['step'])}: "),
-            html.Span(a.get("message") or ""),
-            html.Div(className="alert-action", children=f"Recommendation: {a.get('action')}")
-            if a.get("action") else None,
-        ]))
-    return items
+def banner(alerts: pd.DataFrame, run_id: str = "", prefix: str = "/") -> list:
+    """Every alert of the run (alerts_view.alert_list): the first collapse forecast pinned, the
+    newest three, the rest behind "show all N"; one Fix line each (text children: escaped)."""
+    return alert_list(alerts, run_id, prefix)
 
 
-def read_run(reader, run_id: str, keys: list[str], max_points: int, cache: LRU | None = None
+def run_verdict(alerts: pd.DataFrame, entropy: float | None, last_step: int) -> Verdict:
+    """The run's health from its alerts and its latest entropy (last_step < 0: waiting)."""
+    rows = alerts.to_dict("records") if alerts is not None and len(alerts) else []
+    return verdict(rows, {} if entropy is None else {"entropy/mean": entropy},
+                   None if last_step < 0 else last_step)
+
+
+def waiting_figures(message: str = "waiting for the first step of this run…") -> dict:
+    """What the charts show before a run's first step: one line of text, no empty axes."""
+    return {g: F.empty_figure(message if g == "entropy" else "", height=200 if g == "entropy"
+                              else 40)
+            for g in ("entropy", "heatmap", "passk", "signals", "custom")}
+
+
+def _last_entropy(frame: pd.DataFrame) -> float | None:
+    rows = frame[frame["key"] == "entropy/mean"] if not frame.empty else frame
+    return None if rows.empty else float(rows.sort_values("step")["value"].iloc[-1])
+
+
+def read_run(reader: Reader, run_id: str, keys: list[str], max_points: int, cache: LRU | None = None
              ) -> tuple[dict | None, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(run row, scalars, histograms, alerts) for a full draw. With the app's `cache`, a redraw
     of the same run (a smoothing, axis or scale change) reads only the steps stored since the
@@ -127,9 +136,10 @@ def read_run(reader, run_id: str, keys: list[str], max_points: int, cache: LRU |
     return run, frame, hist, alerts
 
 
-def draw_run(reader, run_id: str, controls: Controls, cache: LRU | None = None) -> dict:
+def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None = None,
+             prefix: str = "/") -> dict:
     """Every run-page figure drawn in full, plus the state the live tick resumes from
-    (`cache`: the app's run frames, see read_run)."""
+    (`cache`: the app's run frames, see read_run; prefix: the app's URL prefix for links)."""
     keys = reader.scalar_keys(run_id)
     wanted = [*RUN_KEYS_CORE, *F.DIAGNOSTIC_KEYS, *F.pass_keys(keys), *controls.custom_keys]
     wanted = [k for k in dict.fromkeys(wanted) if k in set(keys)]
@@ -158,18 +168,26 @@ def draw_run(reader, run_id: str, controls: Controls, cache: LRU | None = None) 
     }
     last = int(frame["step"].max()) if not frame.empty else -1
     last_hist = int(hist["step"].max()) if not hist.empty else -1
+    if last < 0:
+        figures = waiting_figures()
+    h = _last_entropy(frame)
     state = {"run_id": run_id, "last_step": last, "last_hist_step": last_hist,
-             "controls": controls.key(),
+             "controls": controls.key(), "entropy": h,
              "alerts_seen": len(alerts), "forecast": A.latest_forecast(alerts),
              "keys": wanted, "plans": {name: trace_plan(fig) for name, fig in figures.items()}}
-    return {"figures": figures, "state": state, "banner": banner(alerts), "run": run,
-            "other_keys": other_keys(keys)}
+    return {"figures": figures, "state": state, "banner": banner(alerts, run_id, prefix),
+            "run": run, "other_keys": other_keys(keys),
+            "verdict": run_verdict(alerts, h, last)}
 
 
-def tick_run(reader, state: dict, controls: Controls) -> dict:
+def tick_run(reader: Reader, state: dict, controls: Controls, prefix: str = "/") -> dict:
     """Patches for the steps ingested since the state's last step (figures map to None
-    when unchanged), the advanced state, and a new banner when alerts arrived."""
+    when unchanged), the advanced state, and a new banner and verdict when alerts arrived."""
     run_id, last = state["run_id"], state["last_step"]
+    if last < 0:                      # warming up: the first step's keys are not known yet
+        started = bool(reader.scalar_keys(run_id))
+        return {"figures": {}, "banner": None, "redraw": started, "state": state,
+                "verdict": None}
     frame = reader.read_scalars(run_id, keys=state["keys"], downsample=ALL_POINTS,
                                 since_step=last + 1)
     scalars = F.by_key(frame)
@@ -179,7 +197,7 @@ def tick_run(reader, state: dict, controls: Controls) -> dict:
     new_alerts = alerts.iloc[state["alerts_seen"]:] if len(alerts) > state["alerts_seen"] \
         else alerts.iloc[:0]
     state = {**state, "plans": dict(state["plans"])}
-    out: dict = {"figures": {}, "banner": None, "redraw": False}
+    out: dict = {"figures": {}, "banner": None, "redraw": False, "verdict": None}
     forecast = A.latest_forecast(alerts)
     if forecast != state["forecast"] or len(new_alerts):
         # a new alert adds its threshold and forecast lines (shapes) to the chart of its
@@ -197,11 +215,15 @@ def tick_run(reader, state: dict, controls: Controls) -> dict:
         state["plans"][name] = plan
     if not frame.empty:
         state["last_step"] = max(last, int(frame["step"].max()))
+        h = _last_entropy(frame)
+        state["entropy"] = state.get("entropy") if h is None else h
     if not hist.empty:
         state["last_hist_step"] = max(state["last_hist_step"], int(hist["step"].max()))
     if len(new_alerts):
-        out["banner"] = banner(alerts)
+        out["banner"] = banner(alerts, run_id, prefix)
         state["alerts_seen"] = len(alerts)
+    if len(new_alerts) or not frame.empty:
+        out["verdict"] = run_verdict(alerts, state.get("entropy"), state["last_step"])
     out["state"] = state
     return out
 
@@ -211,8 +233,8 @@ def status_line(run: dict | None, state: dict | None) -> str:
     if not run:
         return "no such run"
     step = (state or {}).get("last_step", run.get("last_step"))
-    step_text = "–" if step is None or (isinstance(step, float) and math.isnan(step)) \
-        else f"{int(step):,}"
-    parts = [str(run.get("status") or "?"), f"step {step_text}",
+    waiting = step is None or (isinstance(step, float) and math.isnan(step)) or step < 0
+    step_text = "waiting for the first step" if waiting else f"step {int(step):,}"
+    parts = [str(run.get("status") or "?"), step_text,
              f"strategy {run.get('strategy') or '–'}", f"model {run.get('model') or '–'}"]
     return " · ".join(parts)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, State, dcc, html, no_update
 
+from forksight.base.interfaces import Reader
 from forksight.dashboard import data
+from forksight.dashboard.alerts_view import verdict_chip
+from forksight.dashboard.figures import empty_figure, with_focus
 from forksight.dashboard.run_view import Controls, draw_run, run_row, status_line, tick_run
 
 TICK_MS = 1000
@@ -14,56 +17,75 @@ GRAPHS = ("entropy", "heatmap", "passk", "signals", "custom")
 _CONFIG = {"displaylogo": False, "responsive": True}
 
 
-def _run_options(reader) -> list[dict]:
+def _run_options(reader: Reader) -> list[dict]:
     runs = reader.list_runs()
     return [{"label": f"{r['name']} · {r.get('strategy') or '–'} · {r['status']}",
              "value": r["run_id"]} for r in runs.to_dict("records")]
 
 
-def layout(run: str | None = None, **_query) -> html.Div:
+def missing_note(run: str | None, options: list[dict]) -> str | None:
+    """What the page says instead of charts: no runs at all, or no run by the asked id."""
+    if not options:
+        return "no runs yet: start `forksight train` (or `make demo`) and they appear here"
+    if run is not None and run not in {o["value"] for o in options}:
+        return f"no run named {run!r} in this database: pick one above or see the Runs page"
+    return None
+
+
+def _step(step) -> int | None:
+    return int(step) if isinstance(step, str) and step.isdigit() else None
+
+
+def layout(run: str | None = None, step: str | None = None, **_query) -> html.Div:
     reader = data.reader()
     options = _run_options(reader)
+    missing = missing_note(run, options)
     if run is None and options:
         run = options[0]["value"]          # newest run
     return html.Div([
         html.Div(className="run-head", children=[
-            dcc.Dropdown(id="run-select", options=options, value=run, clearable=False,
-                         placeholder="no runs yet", className="run-select"),
+            dcc.Dropdown(id="run-select", options=options, value=None if missing else run,
+                         clearable=False, placeholder="pick a run", className="run-select"),
+            html.Span(id="run-health"),
             html.Span(id="run-status", className="run-status"),
             html.Button("Pause", id="run-pause", className="btn", n_clicks=0),
         ]),
+        html.P(missing, id="run-missing", className="notice") if missing else None,
+        dcc.Store(id="run-focus", data=_step(step)),
         html.Div(id="run-banner", className="banner"),
-        html.Div(className="controls", children=[
-            html.Div([html.Label("smoothing (EMA)"),
-                      dcc.Slider(id="run-smoothing", min=0, max=0.99, step=0.01, value=0.6,
-                                 marks={0: "0", 0.6: "0.6", 0.9: "0.9", 0.99: ".99"},
-                                 tooltip={"placement": "bottom"})],
-                     className="control control-wide"),
-            html.Div([html.Label("x axis"),
-                      dcc.RadioItems(id="run-xaxis", inline=True, value="step",
-                                     options=[{"label": " step", "value": "step"},
-                                              {"label": " wall time", "value": "wall"}])],
-                     className="control"),
-            html.Div([html.Label("y scale"),
-                      dcc.Checklist(id="run-logy", options=[{"label": " log y", "value": "log"}],
-                                    value=[], inline=True)], className="control"),
-            html.Div([html.Label("points per series"),
-                      dcc.Dropdown(id="run-points", clearable=False, value=1000,
-                                   options=[{"label": str(n), "value": n}
-                                            for n in (500, 1000, 5000, 20000)]
-                                   + [{"label": "all", "value": "all"}])],
-                     className="control"),
+        html.Div(id="run-charts", style={"display": "none"} if missing else None, children=[
+            html.Div(className="controls", children=[
+                html.Div([html.Label("smoothing (EMA)"),
+                          dcc.Slider(id="run-smoothing", min=0, max=0.99, step=0.01, value=0.6,
+                                     marks={0: "0", 0.6: "0.6", 0.9: "0.9", 0.99: ".99"},
+                                     tooltip={"placement": "bottom"})],
+                         className="control control-wide"),
+                html.Div([html.Label("x axis"),
+                          dcc.RadioItems(id="run-xaxis", inline=True, value="step",
+                                         options=[{"label": " step", "value": "step"},
+                                                  {"label": " wall time", "value": "wall"}])],
+                         className="control"),
+                html.Div([html.Label("y scale"),
+                          dcc.Checklist(id="run-logy", options=[{"label": " log y", "value": "log"}],
+                                        value=[], inline=True)], className="control"),
+                html.Div([html.Label("points per series"),
+                          dcc.Dropdown(id="run-points", clearable=False, value=1000,
+                                       options=[{"label": str(n), "value": n}
+                                                for n in (500, 1000, 5000, 20000)]
+                                       + [{"label": "all", "value": "all"}])],
+                         className="control"),
+            ]),
+            dcc.Graph(id="run-entropy", config=_CONFIG),
+            dcc.Graph(id="run-heatmap", config=_CONFIG),
+            dcc.Graph(id="run-passk", config=_CONFIG),
+            dcc.Graph(id="run-signals", config=_CONFIG),
+            html.Div(className="controls", children=[
+                html.Label("other scalars by name"),
+                dcc.Dropdown(id="run-custom-keys", multi=True, options=[], value=[],
+                             placeholder="e.g. lr, tokens/count, groups/zero_var_frac",
+                             className="custom-keys")]),
+            dcc.Graph(id="run-custom", config=_CONFIG),
         ]),
-        dcc.Graph(id="run-entropy", config=_CONFIG),
-        dcc.Graph(id="run-heatmap", config=_CONFIG),
-        dcc.Graph(id="run-passk", config=_CONFIG),
-        dcc.Graph(id="run-signals", config=_CONFIG),
-        html.Div(className="controls", children=[
-            html.Label("other scalars by name"),
-            dcc.Dropdown(id="run-custom-keys", multi=True, options=[], value=[],
-                         placeholder="e.g. lr, tokens/count, groups/zero_var_frac",
-                         className="custom-keys")]),
-        dcc.Graph(id="run-custom", config=_CONFIG),
         dcc.Store(id="run-state"),
         dcc.Interval(id="run-tick", interval=TICK_MS),
     ])
@@ -79,46 +101,52 @@ def register(app: dash.Dash) -> None:
 
     @app.callback(*graphs, Output("run-state", "data"), Output("run-banner", "children"),
                   Output("run-status", "children"), Output("run-custom-keys", "options"),
-                  Input("run-select", "value"), *controls)
-    def draw(run_id, smoothing, x_axis, log_y, points, custom):
-        if not run_id:
-            empty = {"data": [], "layout": {"height": 120}}
-            return (*[empty] * len(GRAPHS), None, [], "no runs yet: start `forksight train`",
-                    [])
+                  Output("run-health", "children"), Output("run-charts", "style"),
+                  Input("run-select", "value"), *controls, State("run-focus", "data"))
+    def draw(run_id, smoothing, x_axis, log_y, points, custom, focus):
+        if not run_id:             # nothing picked: the notice above says why, no empty axes
+            empty = empty_figure("", height=40)
+            return (*[empty] * len(GRAPHS), None, [], "", [], None, {"display": "none"})
         app_state = data.current()
         out = draw_run(app_state.reader, run_id,
                        Controls.from_inputs(smoothing, x_axis, log_y, points, custom),
-                       app_state.run_frames)
-        return (*[out["figures"][g] for g in GRAPHS], out["state"], out["banner"],
-                status_line(out["run"], out["state"]), out["other_keys"])
+                       app_state.run_frames, dash.get_relative_path("/"))
+        return (*[with_focus(out["figures"][g], focus, x_axis) for g in GRAPHS], out["state"],
+                out["banner"], status_line(out["run"], out["state"]), out["other_keys"],
+                verdict_chip(out["verdict"], id="run-verdict"), None)
 
     @app.callback(*[Output(f"run-{g}", "figure", allow_duplicate=True) for g in GRAPHS],
                   Output("run-state", "data", allow_duplicate=True),
                   Output("run-banner", "children", allow_duplicate=True),
                   Output("run-status", "children", allow_duplicate=True),
+                  Output("run-health", "children", allow_duplicate=True),
                   Input("run-tick", "n_intervals"), State("run-state", "data"),
                   *[State(c.component_id, c.component_property) for c in controls],
-                  prevent_initial_call=True)
-    def tick(_n, state, smoothing, x_axis, log_y, points, custom):
+                  State("run-focus", "data"), prevent_initial_call=True)
+    def tick(_n, state, smoothing, x_axis, log_y, points, custom, focus):
         if not state:
-            return (no_update,) * (len(GRAPHS) + 3)
+            return (no_update,) * (len(GRAPHS) + 4)
         app_state = data.current()
         reader = app_state.reader
         ctl = Controls.from_inputs(smoothing, x_axis, log_y, points, custom)
         if state.get("controls") != ctl.key():  # a redraw for new controls is in flight
-            return (no_update,) * (len(GRAPHS) + 3)
-        out = tick_run(reader, state, ctl)
-        if out["redraw"]:                       # a new forecast: redraw once
-            full = draw_run(reader, state["run_id"], ctl, app_state.run_frames)
-            return (*[full["figures"][g] for g in GRAPHS], full["state"], full["banner"],
-                    status_line(full["run"], full["state"]))
+            return (no_update,) * (len(GRAPHS) + 4)
+        prefix = dash.get_relative_path("/")
+        out = tick_run(reader, state, ctl, prefix)
+        if out["redraw"]:                       # a new forecast or the first step: redraw once
+            full = draw_run(reader, state["run_id"], ctl, app_state.run_frames, prefix)
+            return (*[with_focus(full["figures"][g], focus, x_axis) for g in GRAPHS],
+                    full["state"], full["banner"], status_line(full["run"], full["state"]),
+                    verdict_chip(full["verdict"], id="run-verdict"))
+        chip = no_update if out["verdict"] is None else verdict_chip(out["verdict"],
+                                                                     id="run-verdict")
         if all(p is None for p in out["figures"].values()) and out["banner"] is None:
             new_state = out["state"] if out["state"] != state else no_update
-            return (no_update,) * len(GRAPHS) + (new_state, no_update, no_update)
+            return (no_update,) * len(GRAPHS) + (new_state, no_update, no_update, chip)
         return (*[out["figures"][g] if out["figures"][g] is not None else no_update
                   for g in GRAPHS], out["state"],
                 out["banner"] if out["banner"] is not None else no_update,
-                status_line(run_row(reader, state["run_id"]), out["state"]))
+                status_line(run_row(reader, state["run_id"]), out["state"]), chip)
 
     @app.callback(Output("run-tick", "disabled"), Output("run-pause", "children"),
                   Input("run-pause", "n_clicks"))

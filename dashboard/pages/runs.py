@@ -9,14 +9,18 @@ import dash
 import pandas as pd
 from dash import Input, Output, State, dash_table, dcc, html
 
+from forksight.base.interfaces import Reader
 from forksight.dashboard import data
 from forksight.dashboard.figures import sparkline
+from forksight.dashboard.verdict import CHIP_COLORS, STATES, verdicts_of_runs
 
 REFRESH_MS = 3000
 SPARK_POINTS = 24
-COLUMNS = [("name", "run"), ("status", "status"), ("strategy", "strategy"), ("model", "model"),
-           ("last_step", "last step"), ("entropy", "entropy H"), ("trend", "H trend"),
-           ("pass1", "pass@1"), ("alerts", "alerts")]
+COLUMNS = [("name", "run"), ("health", "health"), ("status", "status"),
+           ("strategy", "strategy"), ("model", "model"), ("last_step", "last step"),
+           ("entropy", "entropy H"), ("trend", "H trend"), ("pass1", "pass@1"),
+           ("alerts", "alerts")]
+MARKDOWN = {"alerts"}        # a link to the alerts view (its text: counts, its URL: a quoted id)
 
 
 def _num(value, digits: int = 3):
@@ -24,8 +28,9 @@ def _num(value, digits: int = 3):
         else round(float(value), digits)
 
 
-def runs_rows(reader) -> list[dict]:
-    """One table row per run (plain values: DataTable renders them as text)."""
+def runs_rows(reader: Reader, prefix: str = "/") -> list[dict]:
+    """One table row per run (plain values: DataTable renders them as text; the alerts cell is
+    a markdown link to the alerts view filtered to the run, built from numbers and a quoted id)."""
     runs = reader.list_runs()
     alerts = reader.read_alerts()
     counts = alerts.groupby(["run_id", "severity"]).size().to_dict() if not alerts.empty else {}
@@ -33,19 +38,27 @@ def runs_rows(reader) -> list[dict]:
     trends = reader.read_scalars_of_runs(["entropy/mean", "pass@1"], downsample=SPARK_POINTS)
     values = trends.groupby(["run_id", "key"], sort=False)["value"].agg(list).to_dict() \
         if not trends.empty else {}
+    steps = {r["run_id"]: None if pd.isna(r["last_step"]) else int(r["last_step"])
+             for r in runs.to_dict("records")}
+    latest = {rid: {"entropy/mean": ent[-1]} for (rid, key), ent in values.items()
+              if key == "entropy/mean" and ent}
+    health = verdicts_of_runs(alerts, latest, steps)
     rows = []
     for run in runs.to_dict("records"):
         rid = run["run_id"]
         ent, p1 = values.get((rid, "entropy/mean"), []), values.get((rid, "pass@1"), [])
         crit, warn = int(counts.get((rid, "critical"), 0)), int(counts.get((rid, "warning"), 0))
+        counts_text = " · ".join(t for t in (f"{crit} critical" if crit else "",
+                                             f"{warn} warning" if warn else "") if t)
         rows.append({
-            "id": rid, "name": run.get("name") or rid, "status": run.get("status") or "?",
+            "id": rid, "name": run.get("name") or rid, "health": health[rid].label,
+            "health_why": health[rid].why, "status": run.get("status") or "?",
             "strategy": run.get("strategy") or "", "model": run.get("model") or "",
             "last_step": None if pd.isna(run.get("last_step")) else int(run["last_step"]),
             "entropy": _num(ent[-1]) if ent else None, "trend": sparkline(ent),
             "pass1": _num(p1[-1]) if p1 else None,
-            "alerts": " · ".join(t for t in (f"{crit} critical" if crit else "",
-                                             f"{warn} warning" if warn else "") if t),
+            "alerts": f"[{counts_text}]({prefix}alerts?run={quote(rid, safe='')})"
+            if counts_text else "",
         })
     return rows
 
@@ -59,8 +72,12 @@ def layout(**_query) -> html.Div:
             html.Button("Compare selected", id="runs-compare", className="btn"),
         ]),
         dash_table.DataTable(
-            id="runs-table", columns=[{"name": label, "id": cid} for cid, label in COLUMNS],
-            data=runs_rows(data.reader()), row_selectable="multi", selected_rows=[],
+            id="runs-table", columns=[{"name": label, "id": cid,
+                                       **({"presentation": "markdown"} if cid in MARKDOWN else {})}
+                                      for cid, label in COLUMNS],
+            markdown_options={"link_target": "_self"},
+            data=runs_rows(data.reader(), dash.get_relative_path("/")), row_selectable="multi",
+            selected_rows=[],
             filter_action="native", sort_action="native", page_size=50,
             style_as_list_view=True, style_cell={"fontFamily": "inherit", "padding": "6px 10px",
                                                  "textAlign": "left", "fontSize": "14px"},
@@ -74,8 +91,9 @@ def layout(**_query) -> html.Div:
                  "color": "#2b8a3e", "fontWeight": "600"},
                 {"if": {"filter_query": '{status} = "crashed"', "column_id": "status"},
                  "color": "#c92a2a", "fontWeight": "600"},
-                {"if": {"filter_query": '{alerts} contains "critical"', "column_id": "alerts"},
-                 "color": "#c92a2a"}]),
+                *[{"if": {"filter_query": f'{{health}} contains "{state}"',
+                          "column_id": "health"},
+                   "color": CHIP_COLORS[state], "fontWeight": "600"} for state in STATES]]),
         dcc.Interval(id="runs-tick", interval=REFRESH_MS),
     ])
 
@@ -88,7 +106,7 @@ def register(app: dash.Dash) -> None:
     @app.callback(Output("runs-table", "data"), Input("runs-tick", "n_intervals"),
                   prevent_initial_call=True)
     def refresh(_n):
-        return runs_rows(data.reader())
+        return runs_rows(data.reader(), dash.get_relative_path("/"))
 
     @app.callback(Output("nav-location", "href", allow_duplicate=True),
                   Input("runs-table", "active_cell"), State("runs-table", "derived_viewport_data"),
