@@ -139,3 +139,32 @@ def create_run(http: httpx.Client, name: str, **fields) -> str:
     resp = http.post("/api/runs", json={"name": name, **fields})
     assert resp.status_code == 201, resp.text
     return resp.json()["run_id"]
+
+
+def mount_small_filesystem(where: os.PathLike, size: str = "24m") -> str | None:
+    """Mount a tmpfs of `size` at `where` (made if missing); None when that works, else why not
+    (not root, no mount binary, a container without CAP_SYS_ADMIN): the caller skips with it."""
+    os.makedirs(where, exist_ok=True)
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot mount a small filesystem here ({exc})"
+    if done.returncode != 0:
+        return f"cannot mount a small filesystem here (mount said: {done.stderr.strip() or done.returncode})"
+    return None
+
+
+def unmount(where: os.PathLike) -> None:
+    subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
+
+
+def fill_disk(where: os.PathLike, leave: int) -> Path:
+    """Write a filler file in `where` until about `leave` bytes stay free; returns its path."""
+    import shutil
+
+    filler = Path(where) / "filler"
+    free = shutil.disk_usage(where).free
+    with open(filler, "ab") as f:
+        f.write(b"\0" * max(0, free - leave))
+    return filler

@@ -70,6 +70,12 @@ def open_failure(path: str, exc: Exception) -> str:
     if "Could not set lock" in text or "Conflicting lock" in text:
         return (f"cannot open {path}: another process (likely `forksight serve`) holds it ({text}); stream "
                 "to that collector with url=... instead of db=...")
+    from forksight.monitor.collector.faults import free_bytes, is_disk_full, mib, wal_bytes
+
+    if is_disk_full(exc):            # never "damaged": the file is fine, the disk has no room
+        return (f"cannot open {path}: the disk is full ({text.splitlines()[0][:200]}). The file is not damaged: "
+                f"replaying its .wal ({mib(wal_bytes(path))}) into it needs about that much free space (free "
+                f"now: {mib(free_bytes(path))}); free space on that disk and start again")
     if "Out of Memory" in text:
         return (f"DuckDB ran out of memory opening {path} ({text.splitlines()[0]}); raise --memory-limit "
                 "(or memory_limit=)")

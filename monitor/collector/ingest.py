@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from forksight.base.interfaces import AlertHub
 from forksight.base.limits import RUN_ID_RE
 from forksight.base.errors import ApiError, validation_message
 from forksight.base.records import (
     ALERTS_SCHEMA, RecordError, Records, histograms_table, samples_table, scalars_table, tokens_table,
 )
+from forksight.monitor.collector.faults import StoreUnavailable
 from forksight.monitor.collector.reader import Reader
 from forksight.monitor.collector.schema import Batch
 from forksight.monitor.collector.store import BatchConflict, Committed, Store, insert_arrow
@@ -38,7 +40,7 @@ class Ingested:
 class Ingest:
     """Stores batches and feeds each complete, rank-merged step to the alert hub once."""
 
-    def __init__(self, store: Store, hub=None, *, alerts: bool = True):
+    def __init__(self, store: Store, hub: AlertHub | None = None, *, alerts: bool = True):
         """hub: an AlertHub (None: one from the environment's defaults, unless alerts=False)."""
         if hub is None and alerts:
             from forksight.monitor.alerts.hub import AlertHub
@@ -284,6 +286,8 @@ async def ingest_impl(ingest: Ingest, run_id: str, records: Records, batch_id: s
         result = await asyncio.wrap_future(ingest.write(run_id, records, batch_id))
     except BatchConflict as exc:
         raise ApiError(409, str(exc)) from None
+    except StoreUnavailable as exc:          # a full disk (507), an invalidated file (503): said so
+        raise ApiError(exc.status, str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - nothing of the batch was stored (one transaction)
         log.exception("write of batch %s for run %s failed", batch_id, run_id)
         raise ApiError(500, f"the store could not write batch {batch_id} ({type(exc).__name__}: {exc}); "

@@ -10,6 +10,8 @@ import shutil
 import tempfile
 import time
 
+import duckdb
+
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
@@ -21,6 +23,7 @@ from starlette.requests import ClientDisconnect
 from forksight.base.limits import BATCH_ID_RE, MAX_RANK, limits
 from forksight.base.errors import ApiError, validation_message
 from forksight.monitor.collector.ingest import Ingest, ingest_impl, json_records, parse_arrow_tokens, require_run
+from forksight.monitor.collector.faults import StoreUnavailable
 from forksight.monitor.collector.routes_read import read_routes
 from forksight.base.constants import ARROW_MEDIA_TYPE
 from forksight.monitor.collector.schema import Batch, RunCreate, RunUpdate, inline_json_schema
@@ -74,9 +77,32 @@ def create_api(store: Store, *, hub=None) -> FastAPI:
             return JSONResponse({"detail": "body is not valid JSON; send one JSON object"}, status_code=400)
         return JSONResponse({"detail": validation_message(errors)}, status_code=422)
 
-    @app.get("/api/health")
-    def health() -> dict:
-        return {"service": "forksight", "status": "ok", "db": store.path, "time": time.time(), "limits": limits()}
+    @app.exception_handler(StoreUnavailable)
+    async def _unavailable(request: Request, exc: StoreUnavailable):
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+
+    @app.exception_handler(duckdb.Error)
+    async def _database_error(request: Request, exc: duckdb.Error):
+        # a read on a full disk or an invalidated file: said as such (503/507), never a bare 500
+        unavailable = store._note(exc)
+        if unavailable is not None:
+            return JSONResponse({"detail": str(unavailable)}, status_code=unavailable.status)
+        log.error("database error on %s: %s", request.url.path, exc)
+        return JSONResponse({"detail": f"the database failed ({type(exc).__name__}: {str(exc)[:300]})"},
+                            status_code=500)
+
+    @app.get("/api/health", responses={503: {"description": "the store cannot write now (see `store`)"}})
+    def health() -> JSONResponse:
+        """The collector's state: 200 while the store can write, 503 (with why) when it cannot."""
+        state = store.health()
+        return JSONResponse({"service": "forksight", "status": "ok" if state["writable"] else "unavailable",
+                             "db": store.path, "time": time.time(), "store": state, "limits": limits()},
+                            status_code=200 if state["writable"] else 503)
+
+    @app.post("/api/lost_rows/acknowledge")
+    def acknowledge_lost_rows() -> dict:
+        """Stop reporting rows found lost from the file (health, dashboard); returns what was reported."""
+        return {"acknowledged": store.acknowledge_lost()}
 
     @app.post("/api/runs", status_code=201)
     def create_run(body: RunCreate) -> dict:

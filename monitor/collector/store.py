@@ -3,8 +3,8 @@ One process owns the file; a single writer thread inserts Arrow tables in bulk, 
 stored once; reads use their own cursors (monitor/collector/reader.py). Tables: forksight.base.tables."""
 from __future__ import annotations
 
+import json
 import logging
-import os
 import queue
 import threading
 import time
@@ -16,8 +16,9 @@ import pyarrow as pa
 
 from forksight.base.records import Records
 from forksight.monitor.collector.dbfile import connect, duckdb_config
-from forksight.monitor.collector.faults import Fault, StoreUnavailable, free_bytes
+from forksight.monitor.collector.faults import Fault
 from forksight.monitor.collector.ledger import Ledger
+from forksight.monitor.collector.store_health import StoreHealth
 from forksight.monitor.collector.reader import STALE_AFTER_S, Reader
 from forksight.base.tables import DATA_TABLES
 
@@ -92,23 +93,7 @@ def insert_arrow(cur, table: str, data: pa.Table, run_id: str | None = None) -> 
     cur.unregister("_forksight_in")
 
 
-class _Closed:
-    """Stands in for a connection that could not be reopened: every use says why."""
-
-    def __init__(self, why: str):
-        self.why = why
-
-    def cursor(self):
-        raise StoreUnavailable(self.why)
-
-    def __getattr__(self, name):
-        raise StoreUnavailable(self.why)
-
-    def close(self) -> None:
-        pass
-
-
-class Store:
+class Store(StoreHealth):
     """Owns one DuckDB file: schema, the single writer thread, and `reader`."""
 
     def __init__(self, path: str, *, stale_after: float = STALE_AFTER_S, verify: bool = True,
@@ -132,81 +117,6 @@ class Store:
         self._wcur = self._conn.cursor()
         self._thread = threading.Thread(target=self._run, name="forksight-store-writer", daemon=True)
         self._thread.start()
-
-    # -- the store's health: the row ledger (monitor/collector/ledger.py) and storage faults
-    @property
-    def missing_rows(self) -> dict[str, int]:
-        """Rows per table acknowledged before but not found in the file at this open."""
-        return dict(self._ledger.found)
-
-    @property
-    def lost_rows(self) -> dict[str, int]:
-        """Rows found lost at this or an earlier open and not acknowledged yet (acknowledge_lost)."""
-        return dict(self._ledger.lost)
-
-    def acknowledge_lost(self) -> dict[str, int]:
-        """An operator has seen the loss: stop reporting it. Returns what was reported."""
-        return self.call(lambda cur: self._ledger.acknowledge())
-
-    def health(self, wait: float = 2.0) -> dict:
-        """What the store can do now: writable, disk_full, invalidated, read_only, free and needed
-        bytes, DuckDB's error, lost rows. A fault triggers a recovery attempt (up to `wait` s)."""
-        if self._fault is not None and not self._closed:
-            try:
-                self.submit(lambda cur: self._recover(force=True)).result(timeout=wait)
-            except Exception:  # noqa: BLE001 - busy or still failing: report what is known
-                pass
-        fault, d = self._fault, os.path.dirname(os.path.abspath(self.path))
-        read_only = not (os.access(d, os.W_OK) and (not os.path.exists(self.path) or os.access(self.path, os.W_OK)))
-        state = {"writable": fault is None and not read_only and not self._closed,
-                 "disk_full": bool(fault and fault.disk_full), "invalidated": bool(fault and fault.kind == "invalidated"),
-                 "read_only": read_only, "closed": self._closed, "free_bytes": free_bytes(self.path),
-                 "needed_bytes": fault.needed if fault else None, "error": fault.message(self.path) if fault else None,
-                 "lost_rows": self.lost_rows, "lost_since": self._ledger.lost_since}
-        return state
-
-    def _note(self, exc: BaseException, batch_bytes: int = 0) -> StoreUnavailable | None:
-        """Remember a storage fault; the error to hand to callers (None: no storage fault)."""
-        fault = Fault.of(exc, self.path, batch_bytes)
-        if fault is None:
-            return None
-        if self._fault is None or self._fault.kind != "invalidated":
-            self._fault = fault
-        log.error("%s: %s", self.path, fault.message(self.path))
-        return fault.error_for_client(self.path)
-
-    def _recover(self, force: bool = False) -> None:
-        """On the writer thread: after a fault, reopen an invalidated file (DuckDB replays its .wal)
-        once the disk may have room; a full disk counts as writable again once there is room."""
-        fault = self._fault
-        if fault is None:
-            return
-        free = free_bytes(self.path)
-        room = free is None or free >= fault.needed
-        if not room and not force and time.monotonic() - self._tried < 5.0:
-            return
-        self._tried = time.monotonic()
-        if fault.kind == "disk_full":
-            if room:
-                self._fault = None       # the next write says whether it fits
-            return
-        with self.reader._lock:
-            for thing in (self._wcur, self._conn):
-                try:
-                    thing.close()
-                except Exception:  # noqa: BLE001 - an invalidated database may refuse even this
-                    pass
-            try:
-                self._conn = connect(self.path, False, self._config)     # replays and checkpoints the .wal
-            except RuntimeError as exc:
-                self._conn = self._wcur = _Closed(str(exc))
-                self.reader._conn = self._conn
-                fault.error = str(exc).splitlines()[0][:300]
-                log.warning("%s: reopening failed: %s", self.path, exc)
-                return
-            self.reader._conn, self._wcur = self._conn, self._conn.cursor()
-        self._fault = None
-        log.warning("%s: reopened after %s; the .wal was replayed, writes go on", self.path, fault.kind)
 
     # -- public write API (each returns at once; the writer thread does the work)
     def write(self, run_id: str, records: Records, batch_id: str | None = None, *,
@@ -314,8 +224,11 @@ class Store:
                 fn()
             except Exception:  # noqa: BLE001 - the file must still be closed
                 log.exception("a close hook of %s failed", self.path)
-        self._wcur.close()
-        self._conn.close()
+        for thing in (self._wcur, self._conn):
+            try:
+                thing.close()
+            except Exception:  # noqa: BLE001 - an invalidated database: its .wal stays for the next open
+                log.warning("closing %s: %s", self.path, thing)
 
     def __enter__(self) -> "Store":
         return self
@@ -330,6 +243,8 @@ class Store:
             job = pending.pop(0) if pending else self._queue.get()
             if job is _STOP:
                 return
+            if self._fault is not None:
+                self._recover()
             if isinstance(job, _CallJob):
                 self._do_call(job)
                 continue
@@ -350,7 +265,7 @@ class Store:
         try:
             job.future.set_result(job.fn(self._wcur))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            job.future.set_exception(exc)
+            job.future.set_exception(self._note(exc) or exc)
 
     def _write_group(self, jobs: list[_WriteJob]) -> None:
         cur = self._wcur
@@ -394,6 +309,12 @@ class Store:
                 cur.rollback()
             except Exception:  # noqa: BLE001 - the transaction may already be gone
                 pass
+            size = sum(t.nbytes for j in jobs for n in DATA_TABLES if (t := getattr(j.records, n)) is not None)
+            unavailable = self._note(exc, size)
+            if unavailable is not None:      # a full disk or an invalidated file: every batch of the group
+                for job in jobs:
+                    job.future.set_exception(unavailable)
+                return
             if len(jobs) > 1:
                 for job in jobs:
                     self._write_group([job])
@@ -401,7 +322,12 @@ class Store:
                 log.warning("write of batch %s failed: %s", jobs[0].batch_id, exc)
                 jobs[0].future.set_exception(exc)
             return
-        self._count_rows(fresh)
+        self._fault = None if self._fault is None or self._fault.kind == "disk_full" else self._fault
+        added: dict[str, int] = {}
+        for job in fresh:
+            for name, n in job.records.num_rows().items():
+                added[name] = added.get(name, 0) + n
+        self._ledger.count(added)
         done = [j for j in jobs if j.conflict is None]
         results = [WriteResult(stored=not j.duplicate, rows={} if j.duplicate else j.records.num_rows()) for j in done]
         hooks: dict = {}
