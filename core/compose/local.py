@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any, Mapping, Sequence
 
 from forksight.base.records import Records, histograms_table, samples_table, scalars_table, tokens_table
+from forksight.base.runspec import RunSpec
 from forksight.monitor.collector.ingest import Ingest
 from forksight.monitor.collector.store import Store
 from forksight.monitor.sinks.base import SinkBase, finite_scalars, histogram_item, sample_rows, track, untrack
@@ -20,18 +21,18 @@ log = logging.getLogger("forksight.client")
 class LocalSink(SinkBase):
     """In-process: owns a Store on a DuckDB file and writes through an Ingest (alerts included)."""
 
-    def __init__(self, db: str, run: str, *, project: str = "default", strategy: str | None = None,
-                 model: str | None = None, config: dict | None = None, rank: int = 0,
-                 stop_on_alert: bool = False, store=None, hub=None, alerts: bool = True,
-                 resume: bool = False):
-        super().__init__(stop_on_alert)
+    def __init__(self, db: str, run: RunSpec | str = "run", *, store=None, hub=None, alerts: bool = True,
+                 **fields: Any):
+        """`run`: a RunSpec, or a run name plus RunSpec fields (project=, strategy=, config=, ...)."""
+        spec = RunSpec.of(run, **fields)
+        super().__init__(spec.stop_on_alert)
+        self.spec = spec
         self._owns_store = store is None
         self.store = store if store is not None else Store(db)
         self.ingest = Ingest(self.store, hub, alerts=alerts)
         self.reader = self.store.reader
-        self.rank = rank
-        self.run_id = self.store.create_run(run, project=project, strategy=strategy, model=model,
-                                            config=config, run_id=run if resume else None)
+        self.rank = spec.rank
+        self.run_id = self.store.create_run(**spec.create_body(), run_id=spec.name if spec.resume else None)
         self._pending: dict = {}                 # write Future -> its rows per table
         self._failed: Counter = Counter()        # rows of writes the store could not do
         self._lock = threading.Lock()
