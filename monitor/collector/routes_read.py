@@ -12,6 +12,9 @@ from fastapi.responses import Response
 
 from forksight.base.interfaces import Reader
 from forksight.base.errors import ApiError
+from forksight.monitor.collector.token_pages import (
+    TOKEN_PAGE_DEFAULT, TOKEN_PAGE_MAX, parse_cursor, read_token_page, table_json,
+)
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 OptionalInt64 = Annotated[int | None, Query(ge=INT64_MIN, le=INT64_MAX)]
@@ -71,10 +74,22 @@ def read_routes(reader: Reader, has_run: Callable[[str], bool]) -> APIRouter:
     def token_steps(run_id: Run) -> list[int]:
         return reader.token_steps(run_id)
 
-    @router.get("/api/runs/{run_id}/tokens")
+    @router.get("/api/runs/{run_id}/tokens", responses={200: {"headers": {
+        "X-Total-Count": {"description": "rows of the step (and sample) in all", "schema": {"type": "integer"}},
+        "X-Next-Cursor": {"description": "pass as ?cursor= for the next page; absent on the last",
+                          "schema": {"type": "string"}}}}})
     def tokens(run_id: Run, step: Annotated[int, Query(ge=INT64_MIN, le=INT64_MAX)],
-               sample_id: OptionalInt64 = None) -> Response:
-        return frame_response(reader.read_tokens(run_id, step, sample_id))
+               sample_id: OptionalInt64 = None,
+               limit: int = Query(TOKEN_PAGE_DEFAULT, ge=1, le=TOKEN_PAGE_MAX, description="rows per page"),
+               cursor: str | None = Query(None, max_length=100,
+                                          description="the X-Next-Cursor of the previous page")) -> Response:
+        """One page of a step's token rows, ordered by rank, sample, position: at most `limit`
+        rows; X-Total-Count says how many there are, X-Next-Cursor names the next page."""
+        page, total, after = read_token_page(reader, run_id, step, sample_id, limit, parse_cursor(cursor))
+        headers = {"X-Total-Count": str(total)}
+        if after is not None:
+            headers["X-Next-Cursor"] = after
+        return Response(table_json(page), media_type="application/json", headers=headers)
 
     @router.get("/api/runs/{run_id}/samples")
     def samples(run_id: Run, step: OptionalInt64 = None, group_id: OptionalInt64 = None,
