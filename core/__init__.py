@@ -7,6 +7,7 @@ The public API is what this module names; everything under `forksight.monitor`,
     forksight.trl.attach(trainer, ...)     TRL's GRPOTrainer, one line
     forksight.verl                         verl: a `verl.plugins` entry point (trainer.logger=[console,forksight])
     forksight.open_sink(run, url=, db=)    stream your own numbers (NullSink: the same, doing nothing)
+    forksight.RunSpec(name=, project=, ...)  one run's name and fields, frozen and validated (`run=` of the above)
     forksight.serve(db, host=, port=)      a collector + dashboard running in this process
     forksight.token_stats(...), forksight.pass_at_k(n, c, k)   the per-token math
 
@@ -26,6 +27,7 @@ _PUBLIC = {
     "open_sink": "forksight.monitor.sinks.client",
     "LocalSink": "forksight.compose.local",
     "NullSink": "forksight.monitor.sinks.client",
+    "RunSpec": "forksight.base.runspec",
     "serve": "forksight.compose.app",
     "Collector": "forksight.compose.app",
     "token_stats": "forksight.hooks.metrics",
@@ -63,6 +65,7 @@ def _wire() -> None:
 _wire()
 
 if TYPE_CHECKING:
+    from forksight.base.runspec import RunSpec
     from forksight.hooks.capture.attach import AttachHandle, attach
     from forksight.hooks.metrics import TokenStats, pass_at_k, pass_at_k_groups, token_stats
     from forksight.compose.local import LocalSink

@@ -9,11 +9,13 @@ import time
 from typing import Any, Mapping, Sequence
 
 from forksight.base.interfaces import Sink
+from forksight.base.runspec import RunSpec
 from forksight.base.wiring import provided
 from forksight.monitor.sinks.base import SinkBase
 from forksight.monitor.sinks.http import HttpSink
+from forksight.monitor.sinks.transport import bearer
 
-__all__ = ["open_sink", "NullSink", "HttpSink", "collector_answers"]
+__all__ = ["open_sink", "NullSink", "HttpSink", "RunSpec", "collector_answers"]
 
 log = logging.getLogger("forksight.client")
 
@@ -57,48 +59,41 @@ def collector_answers(url: str, token: str | None = None, timeout: float = 0.5) 
     """True when a forksight collector answers GET /api/health at url."""
     import httpx
 
-    token = token or os.environ.get("FORKSIGHT_TOKEN")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        resp = httpx.get(url.rstrip("/") + "/api/health", timeout=timeout, headers=headers)
+        resp = httpx.get(url.rstrip("/") + "/api/health", timeout=timeout, headers=bearer(token))
         return resp.status_code == 200 and resp.json().get("service") == "forksight"
     except (httpx.HTTPError, ValueError):
         return False
 
 
-def open_sink(run: str = "run", url: str | None = None, db: str | None = None, *,
-              strategy: str | None = None, model: str | None = None, config: dict | None = None,
-              project: str = "default", rank: int = 0, stop_on_alert: bool = False,
-              embedded: bool = True, token: str | None = None, resume: bool = False) -> Sink:
+def open_sink(run: str | RunSpec = "run", url: str | None = None, db: str | None = None, *,
+              embedded: bool = True, **fields: Any) -> Sink:
     """The sink for one run: HTTP to `url`, in-process on `db`, or (neither) $FORKSIGHT_URL, else an
-    embedded collector that rank 0 starts on ./forksight.duckdb. resume: continue the run whose
-    id is `run`, not a new `run-2`. Ranks > 0 never open a DuckDB file (one process owns it)."""
-    from forksight.base.limits import RUN_ID_RE, slug_run_name
-
-    if not RUN_ID_RE.match(str(run)):      # e.g. TRL's default run_name is the output dir path
-        log.warning("forksight: run name %r is not a valid run id; using %r", run, slug_run_name(run))
-        run = slug_run_name(run)
-    meta = dict(project=project, strategy=strategy, model=model, config=config, rank=rank, resume=resume,
-                stop_on_alert=stop_on_alert)
+    embedded collector that rank 0 starts on ./forksight.duckdb. `run`: a RunSpec, or a run name
+    (one that is not a valid run id becomes its nearest, with a warning) plus RunSpec fields:
+    strategy, model, config, project="default", rank=0, stop_on_alert=False, token, resume=False
+    (continue the run whose id is `run`, not a new `run-2`). Ranks > 0 never open a DuckDB file
+    (one process owns it)."""
+    spec = RunSpec.of(run, **fields)
     if url:
-        return HttpSink(url, run, token=token, **meta)
+        return HttpSink(url, spec)
     if db:
-        if rank:
-            log.info("forksight: rank %d logs nothing with db=... (one process owns the file)", rank)
-            return NullSink(run)
-        return provided("local_sink")(db, run, **meta)
+        if spec.rank:
+            log.info("forksight: rank %d logs nothing with db=... (one process owns the file)", spec.rank)
+            return NullSink(spec.name)
+        return provided("local_sink")(db, spec)
     url = os.environ.get("FORKSIGHT_URL", DEFAULT_URL)
-    if collector_answers(url, token):
-        return HttpSink(url, run, token=token, **meta)
-    if rank:
+    if collector_answers(url, spec.token):
+        return HttpSink(url, spec)
+    if spec.rank:
         for _ in range(20):                 # give rank 0 time to start the embedded collector
             time.sleep(0.5)
-            if collector_answers(url, token):
-                return HttpSink(url, run, token=token, **meta)
-        log.warning("forksight: no collector at %s for rank %d; logging nothing", url, rank)
-        return NullSink(run)
+            if collector_answers(url, spec.token):
+                return HttpSink(url, spec)
+        log.warning("forksight: no collector at %s for rank %d; logging nothing", url, spec.rank)
+        return NullSink(spec.name)
     if not embedded:
         raise RuntimeError(f"no forksight collector answers at {url}; start one with `forksight serve` "
                            "or pass db=PATH for an in-process store")
-    provided("embedded_collector")(url, db=os.environ.get("FORKSIGHT_DB", DEFAULT_DB), token=token)
-    return HttpSink(url, run, token=token, **meta)
+    provided("embedded_collector")(url, db=os.environ.get("FORKSIGHT_DB", DEFAULT_DB), token=spec.token)
+    return HttpSink(url, spec)
