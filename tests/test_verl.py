@@ -216,6 +216,48 @@ tracking.finish(exit_code=0)
         (2, "actor/entropy", 0.25), (2, "critic/score/mean", 0.5)]
 
 
+@needs_verl
+def test_v1_step_read_from_a_real_transfer_queue_reports_like_the_legacy_path(tmp_path):
+    # verl_tq.py: a real Ray + TransferQueue; rows put as verl's v1 trainer leaves them before kv_clear
+    proc = subprocess.run([str(VERL_PY), str(REPO / "tests" / "verl_tq.py"), str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "FORKSIGHT_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    saved = torch.load(tmp_path / "tq.pt", weights_only=False)
+    fields, read = saved["fields"][:6], saved["read"]              # the 7th row is padding: left out
+    tensors, tokens = read["tensors"], read["tokens"]
+    assert list(read["non_tensor"]["uid"]) == [f["uid"] for f in fields]
+    assert list(read["non_tensor"]["acc"]) == [f["extra_fields"]["reward_extra_info"]["acc"] for f in fields]
+    for i, f in enumerate(fields):
+        p, r = len(f["prompts"]), len(f["responses"])
+        assert torch.equal(tensors["responses"][i, :r], f["responses"]) and tensors["response_mask"][i].sum() == r
+        assert torch.equal(tensors["prompts"][i, :p], f["prompts"]) and tensors["attention_mask"][i, :p].all()
+        assert torch.equal(tokens["entropy"][i, :r], f["entropy"]) and torch.equal(tokens["logp"][i, :r],
+                                                                                   f["old_log_probs"])
+        for name, key in (("sum_pi_squared", "sum_pi_squared"), ("top1", "forksight_top1"), ("js", "forksight_js")):
+            # workers' values are over prompt + response; response token k sits at p - 1 + k
+            assert torch.equal(tokens[name][i, :r], f[key][p - 1: p - 1 + r]), name
+    db = tmp_path / "forksight.duckdb"
+    assert query(db, "SELECT run_id, status FROM runs") == [("v1-tq", "finished")]
+    rows = query(db, "SELECT sample_id, pos, entropy, renyi2, logp, top1, js FROM tokens ORDER BY sample_id, pos")
+    assert len(rows) == sum(len(f["responses"]) for f in fields)    # token_groups=2: both groups
+    for sample_id, pos, entropy, renyi2, logp, top1, js in rows:
+        f, p = fields[sample_id], len(fields[sample_id]["prompts"])
+        assert entropy == pytest.approx(float(f["entropy"][pos]), abs=1e-6)
+        assert renyi2 == pytest.approx(-math.log(float(f["sum_pi_squared"][p - 1 + pos])), abs=1e-5)
+        assert logp == pytest.approx(float(f["old_log_probs"][pos]), abs=1e-6)
+        assert (top1, js) == pytest.approx((float(f["forksight_top1"][p - 1 + pos]),
+                                            float(f["forksight_js"][p - 1 + pos])), abs=1e-6)
+    groups: dict[str, list[bool]] = defaultdict(list)
+    for f in fields:
+        groups[f["uid"]].append(f["extra_fields"]["reward_extra_info"]["acc"])
+    scalars = dict(query(db, "SELECT key, value FROM scalars WHERE step = 1"))
+    for k in (1, 2, 3):
+        assert scalars[f"pass@{k}"] == pytest.approx(pass_at_k_by_hand(groups, k), abs=1e-9)
+    every = torch.cat([f["entropy"] for f in fields]).double()
+    assert scalars["entropy/mean"] == pytest.approx(float(every.mean()), abs=1e-6)
+
+
 def test_worker_top1_and_js_in_blocks_equal_token_stats_on_whole_groups(monkeypatch):
     # the worker walks response positions in blocks; ragged rows, prompts of different lengths,
     # a complete group (JS) and an incomplete one (top-1 only, JS NaN)

@@ -1,8 +1,10 @@
 """verl's `forksight` logger backend: `trainer.logger='[console,forksight]'`.
 
 Every metric verl logs is stored under verl's own name (the policy loss, grad norm and KL
-loss also as TRL's `loss`, `grad_norm`, `kl`, which the run page plots). On the legacy trainer
-the post-import patches (hooks/integrations/verl_install.py) also hand over each step's per-token tensors:
+loss also as TRL's `loss`, `grad_norm`, `kl`, which the run page plots). On
+verl's v1 trainer (the default) the step's rows are read from TransferQueue before verl clears them
+(hooks/integrations/verl_v1.py); on the legacy trainer the post-import patches
+(hooks/integrations/verl_install.py) hand over each step's per-token tensors:
 entropy and log p as `_compute_old_log_prob` returned them, Σp² when `actor.calculate_sum_pi_squared=True`
 (H2 = -log Σp²), and the finished batch (responses, response_mask, token_level_scores,
 advantages, `uid`). StepReporter turns them into the same records a TRL run produces, so pass@k,
@@ -126,9 +128,9 @@ class ForksightLogger:
         self.overhead_s = 0.0                          # time spent in forksight's hooks (driver)
         self.steps_reported = 0
         if STATE.trainer is None and self.per_token:
-            log.warning("forksight: no legacy RayPPOTrainer.fit() is running (verl's v1 trainer or a custom loop): "
-                        "storing verl's logged metrics only; per-token statistics, samples, pass@k and "
-                        "stop_on_alert need trainer.use_v1=False")
+            log.warning("forksight: neither verl's v1 trainer nor its legacy RayPPOTrainer is in fit() (a custom "
+                        "loop?): storing verl's logged metrics only; per-token statistics, samples, pass@k and "
+                        "stop_on_alert need one of verl's trainers")
         STATE.logger = self
 
     # ------------------------------------------------------------------ hand-over from the trainer
@@ -162,6 +164,14 @@ class ForksightLogger:
         if not self.per_token:
             return
         self._batch = {"step": step, "tensors": batch.batch, "non_tensor": batch.non_tensor_batch}
+
+    def note_batch_dict(self, step: int, batch: dict, tokens: dict) -> None:
+        """The v1 trainer's step as read from TransferQueue (hooks/integrations/verl_v1.py): the batch
+        and the per-token tensors in one hand-over."""
+        if not self.per_token:
+            return
+        self._batch = {"step": step, **batch}
+        self._tokens = {"step": step, **tokens}
 
     # ------------------------------------------------------------------ Tracking interface
     def log(self, data: Mapping[str, Any], step: int) -> None:

@@ -3,8 +3,9 @@ entry points (or VERL_USE_EXTERNAL_MODULES) on every `import verl`, in every Ray
 
 Importing verl's trainer there would be slow and circular (verl/__init__ is still running), so
 `install()` only adds a post-import hook: when verl imports `verl.utils.tracking` a `forksight`
-logger backend is registered; when it imports the legacy trainer (`ray_trainer.py`), four of its
-functions are wrapped to hand the step's tensors to that backend; when a worker imports the FSDP
+logger backend is registered; when it imports the v1 trainer (`ppo/v1/trainer_base.py`, verl 0.9's
+default) or the legacy one (`ray_trainer.py`), four of its functions are wrapped to hand the step's
+tensors to that backend (hooks/integrations/verl_v1.py, and below); when a worker imports the FSDP
 engine, its old-log-prob outputs gain top-1 and JS (hooks/integrations/verl_worker.py). Nothing happens in a
 run whose `trainer.logger` does not name `forksight`.
 """
@@ -78,6 +79,7 @@ def install() -> None:
         return
     _INSTALLED = True
     callbacks = {"verl.utils.tracking": patch_tracking, "verl.trainer.ppo.ray_trainer": patch_legacy_trainer,
+                 "verl.trainer.ppo.v1.trainer_base": _patch_v1_trainer,
                  "verl.workers.engine.fsdp.transformer_impl": _patch_fsdp_engine}
     version = verl_version()
     if version is not None and not supported(version):
@@ -117,6 +119,12 @@ def patch_tracking(module) -> None:
 
     tracking.__init__ = __init__
     tracking.finish = finish_all
+
+
+def _patch_v1_trainer(module) -> None:
+    from forksight.hooks.integrations.verl_v1 import patch_v1_trainer
+
+    patch_v1_trainer(module)
 
 
 def _patch_fsdp_engine(module) -> None:
@@ -178,7 +186,7 @@ def patch_legacy_trainer(module) -> None:
         return start_profiling(self, *args, **kwargs)
 
     def fit_watched(self, *args, **kwargs):
-        STATE.trainer, STATE.stop_requested = self, False
+        STATE.trainer, STATE.trainer_kind, STATE.stop_requested = self, "legacy", False
         status = "crashed"
         try:
             result = fit(self, *args, **kwargs)

@@ -6,9 +6,10 @@ import importlib.metadata
 import threading
 from typing import Any
 
-# verl minor version -> the trainers forksight reads per-token numbers from. Anything else:
-# the `forksight` backend refuses to start unless allow_unknown_version (then scalars only).
-SUPPORT = {"0.9": ("legacy",)}
+# verl minor version -> the trainers forksight reads per-token numbers from (which one a run uses
+# is seen at run time: whichever trainer's fit() starts). Anything else: the `forksight` backend
+# refuses to start unless allow_unknown_version (then scalars only).
+SUPPORT = {"0.9": ("v1", "legacy")}
 
 
 def verl_version() -> str | None:
@@ -45,6 +46,7 @@ class _State:
 
     def __init__(self):
         self.trainer: Any = None
+        self.trainer_kind: str | None = None   # "v1" or "legacy": the fit() that is running
         self.logger: Any = None      # hooks.verl.ForksightLogger of the current Tracking
         self.stop_requested = False
         self.lock = threading.Lock()
