@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from forksight.base.downsample import keep_sql, max_points_of
 from forksight.base.limits import config_problem
 from forksight.base.tables import ALERTS, DATA_TABLES, SAMPLES, TOKENS
 
@@ -24,6 +25,8 @@ STALE_AFTER_S = 120.0                                  # a live run silent this 
 MERGED_VALUE_SQL = """CASE WHEN sum(coalesce(weight, 1)) > 0
                            THEN sum(value * coalesce(weight, 1)) / sum(coalesce(weight, 1))
                            ELSE avg(value) END"""
+
+KEEP = keep_sql()     # the downsample keep-rule (one `?`: max_points_of(downsample))
 
 def histogram_quantile(lo: np.ndarray, hi: np.ndarray, counts: np.ndarray, q: float) -> float:
     """Quantile q of a histogram, linear inside the bin (how ranks' percentiles are merged)."""
@@ -49,12 +52,19 @@ class Reader:
         self._private = private
 
     def _query(self, sql: str, params: Sequence | None = None) -> pd.DataFrame:
+        return self._run(sql, params, lambda result: result.df())
+
+    def _fetch(self, sql: str, params: Sequence | None = None) -> list[tuple]:
+        """Rows as tuples, no pandas (see steps_scalars)."""
+        return self._run(sql, params, lambda result: result.fetchall())
+
+    def _run(self, sql: str, params: Sequence | None, take):
         if self._private:
-            return self._conn.execute(sql, params or []).df()
+            return take(self._conn.execute(sql, params or []))
         with self._lock:
             cur = self._conn.cursor()     # own connection per call: concurrent reads are safe
         try:
-            return cur.execute(sql, params or []).df()
+            return take(cur.execute(sql, params or []))
         finally:
             cur.close()
 
@@ -105,13 +115,13 @@ class Reader:
             ranked AS (SELECT key, step, row_number() OVER (PARTITION BY key ORDER BY step) AS rn,
                               count(*) OVER (PARTITION BY key) AS n FROM ks),
             keep AS (SELECT key, step FROM ranked
-                     WHERE (rn - 1) % greatest(1, CAST(ceil(n / ?) AS BIGINT)) = 0 OR rn = n)
+                     WHERE {KEEP})
             SELECT key, step, {MERGED_VALUE_SQL} AS value,
                    max(wall_time) AS wall_time, count(DISTINCT rank) AS ranks
             FROM scalars SEMI JOIN keep USING (key, step)
             WHERE {where}
             GROUP BY key, step
-            ORDER BY key, step""", [*params, max(1, int(downsample)), *params])
+            ORDER BY key, step""", [*params, max_points_of(downsample), *params])
         df = self._merge_percentiles(run_id, df)
         return df.drop(columns="ranks").reset_index(drop=True)
 
@@ -154,18 +164,37 @@ class Reader:
         return self.steps_scalars(run_id, [step]).get(int(step), {})
 
     def steps_scalars(self, run_id: str, steps: Sequence[int]) -> dict[int, dict[str, float]]:
-        """Scalars of several steps in one query, ranks merged: step -> {key: value}."""
+        """Scalars of several steps in one query, ranks merged: step -> {key: value}. Plain rows,
+        no pandas: the ingest calls this on every step, inside the training process when the
+        store is in-process, and pandas' dtype checks enter warnings.catch_warnings, which resets
+        every module's warning registry, so the training script's own once-only warnings (TRL's
+        deprecations) would print again at every step."""
         steps = [int(s) for s in steps]
         if not steps:
             return {}
-        df = self._query(f"""
+        rows = self._fetch(f"""
             SELECT key, step, {MERGED_VALUE_SQL} AS value, count(DISTINCT rank) AS ranks
             FROM scalars WHERE run_id = ? AND step BETWEEN ? AND ? AND step IN ({', '.join('?' * len(steps))})
             GROUP BY key, step""", [run_id, min(steps), max(steps), *steps])   # BETWEEN: zone maps skip old row groups
-        df = self._merge_percentiles(run_id, df)
         out: dict[int, dict[str, float]] = {}
-        for key, step, value in zip(df.key, df.step, df.value.astype(float)):
-            out.setdefault(int(step), {})[key] = value
+        multi: dict[int, list[str]] = {}
+        for key, step, value, ranks in rows:
+            out.setdefault(int(step), {})[key] = float("nan") if value is None else float(value)
+            if ranks > 1 and PERCENTILE_KEY.match(key):
+                multi.setdefault(int(step), []).append(key)
+        if multi:   # a percentile is not a mean: with >1 rank, recompute it from the summed histograms
+            hist = self._fetch(f"""
+                SELECT step, bin_lo, bin_hi, sum(count) AS count FROM histograms
+                WHERE run_id = ? AND key = 'entropy' AND step IN ({', '.join('?' * len(multi))})
+                GROUP BY step, bin_lo, bin_hi ORDER BY step, bin_lo""", [run_id, *multi])
+            bins: dict[int, list[tuple]] = {}
+            for step, lo, hi, count in hist:
+                bins.setdefault(int(step), []).append((lo, hi, count))
+            for step, found in bins.items():
+                lo, hi, counts = np.asarray(found, dtype=np.float64).T
+                for key in multi[step]:
+                    q = int(PERCENTILE_KEY.match(key).group(1)) / 100.0
+                    out[step][key] = histogram_quantile(lo, hi, counts, q)
         return out
 
     def read_histograms(self, run_id: str, key: str = "entropy", downsample: int = 1000,
@@ -182,12 +211,12 @@ class Reader:
             ranked AS (SELECT step, row_number() OVER (ORDER BY step) AS rn, count(*) OVER () AS n
                        FROM steps),
             keep AS (SELECT step FROM ranked
-                     WHERE (rn - 1) % greatest(1, CAST(ceil(n / ?) AS BIGINT)) = 0 OR rn = n)
+                     WHERE {KEEP})
             SELECT h.step, h.bin_lo, h.bin_hi, sum(h.count) AS count
             FROM histograms h SEMI JOIN keep USING (step)
             WHERE h.run_id = ? AND h.key = ?{since}
             GROUP BY h.step, h.bin_lo, h.bin_hi
-            ORDER BY h.step, h.bin_lo""", [*params, max(1, int(downsample)), *params])
+            ORDER BY h.step, h.bin_lo""", [*params, max_points_of(downsample), *params])
 
     def token_steps(self, run_id: str, since_step: int | None = None) -> list[int]:
         """Steps with token rows, ascending (since_step: only those ≥ it, which skips the older
@@ -270,12 +299,12 @@ class Reader:
                               row_number() OVER (PARTITION BY run_id, key ORDER BY step) AS rn,
                               count(*) OVER (PARTITION BY run_id, key) AS n FROM ks),
             keep AS (SELECT run_id, key, step FROM ranked
-                     WHERE (rn - 1) % greatest(1, CAST(ceil(n / ?) AS BIGINT)) = 0 OR rn = n)
+                     WHERE {KEEP})
             SELECT run_id, key, step, {MERGED_VALUE_SQL} AS value, count(DISTINCT rank) AS ranks
             FROM scalars SEMI JOIN keep USING (run_id, key, step)
             WHERE key IN ({marks})
             GROUP BY run_id, key, step
-            ORDER BY run_id, key, step""", [*keys, max(1, int(downsample)), *keys])
+            ORDER BY run_id, key, step""", [*keys, max_points_of(downsample), *keys])
         multi = df.ranks > 1
         if multi.any():     # percentiles of multi-rank steps: re-merged from histograms, per run
             import pandas as pd
