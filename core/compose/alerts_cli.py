@@ -3,6 +3,7 @@ thresholds on your own history; nothing is written unless --write (which replace
 """
 from __future__ import annotations
 
+from forksight.base.runconfig import vocab_size_of
 from forksight.base.interfaces import Reader
 import argparse
 import json
@@ -122,11 +123,8 @@ def run_replay(args: argparse.Namespace) -> int:
             print(f"forksight alerts replay: no run {args.run!r} in {args.db}; runs there: "
                   f"{', '.join(runs[:20]) or '(none)'}", file=sys.stderr)
             return 2
-        vocab = args.vocab_size
-        if vocab is None:
-            run_config = (store.reader.run(args.run) or {}).get("config") or {}
-            vocab = run_config.get("vocab_size") if isinstance(run_config, dict) else None
-        rows, steps = replay_rows(store.reader, args.run, config, int(vocab) if vocab else None)
+        vocab = args.vocab_size or vocab_size_of((store.reader.run(args.run) or {}).get("config"))
+        rows, steps = replay_rows(store.reader, args.run, config, vocab)
         if args.format == "json":
             from forksight.monitor.alerts.hub import evidence_of
 

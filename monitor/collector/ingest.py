@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from forksight.base.runconfig import vocab_size_of
 from forksight.base.interfaces import AlertHub
 from forksight.base.limits import RUN_ID_RE
 from forksight.base.errors import ApiError, validation_message
@@ -189,12 +190,8 @@ class Ingest:
 
     def _vocab_size(self, cur, run_id: str) -> int | None:
         if run_id not in self._vocab:
-            import json
-
             row = cur.execute("SELECT config FROM runs WHERE run_id = ?", [run_id]).fetchall()
-            config = json.loads(row[0][0]) if row and row[0][0] else {}
-            vocab = config.get("vocab_size") if isinstance(config, dict) else None
-            self._vocab[run_id] = int(vocab) if isinstance(vocab, (int, float)) else None
+            self._vocab[run_id] = vocab_size_of(row[0][0]) if row else None
         return self._vocab[run_id]
 
 
