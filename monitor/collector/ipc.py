@@ -5,6 +5,7 @@ hundreds of millions of rows); dictionary columns are refused by their expanded 
 from __future__ import annotations
 
 import struct
+from collections import Counter
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -88,10 +89,61 @@ def _decoded_size(body: pa.Buffer | None, buffers: list[tuple[int, int]], compre
     return total
 
 
+# ---------------------------------------------------------------------------- the schema, first
+MAX_COLUMNS = 64                  # a token body has ~15 known columns; wider is refused from its schema
+MAX_SCHEMA_BYTES = 64 * 1024      # the schema message of MAX_COLUMNS columns with long names fits easily
+
+
+def _schema_columns(metadata: bytes) -> int:
+    """Fields declared by a Schema message's header (a vector length: no field is parsed)."""
+    root = _table(metadata, _deref(metadata, 0))
+    kind_at, header_at = _field(metadata, root, 1), _field(metadata, root, 2)
+    if kind_at is None or metadata[kind_at] != _SCHEMA or header_at is None:
+        raise StreamRefused(400, "the stream does not start with a schema message")
+    fields_at = _field(metadata, _table(metadata, _deref(metadata, header_at)), 1)
+    return 0 if fields_at is None else struct.unpack_from("<I", metadata, _deref(metadata, fields_at))[0]
+
+
+def check_schema(prefix: bytes, max_columns: int = MAX_COLUMNS) -> bool:
+    """Check the columns an IPC stream declares from its first bytes: False while more bytes are
+    needed, True once the schema is within the cap; StreamRefused (422/400) otherwise."""
+    at = 4 if prefix[:4] == b"\xff\xff\xff\xff" else 0       # the continuation marker (or legacy format)
+    if len(prefix) < at + 4:
+        return False
+    length = struct.unpack_from("<i", prefix, at)[0]
+    if length <= 0:
+        raise StreamRefused(400, "the stream does not start with a schema message")
+    if length > MAX_SCHEMA_BYTES:
+        raise StreamRefused(422, f"tokens: the schema message is {length} bytes (over {MAX_SCHEMA_BYTES}): a "
+                            f"token body has at most {max_columns} columns; send the known columns only")
+    if len(prefix) < at + 4 + length:
+        return False
+    try:
+        columns = _schema_columns(prefix[at + 4:at + 4 + length])
+    except (struct.error, IndexError):
+        raise StreamRefused(400, "body is not a valid Arrow IPC stream (its schema is damaged)") from None
+    if columns > max_columns:
+        raise StreamRefused(422, f"tokens: the stream declares {columns} columns; the limit is {max_columns}: "
+                            "send the known columns only")
+    return True
+
+
+def duplicate_problem(names: list[str], shown: int = 5) -> str | None:
+    """Columns named more than once, in a short message (linear: a Counter, at most `shown` names)."""
+    repeated = [n for n, k in Counter(names).items() if k > 1]
+    if not repeated:
+        return None
+    more = f" and {len(repeated) - shown} more" if len(repeated) > shown else ""
+    return (f"tokens: column(s) {sorted(repeated)[:shown]}{more} appear more than once; "
+            "send each column once")
+
+
 # ---------------------------------------------------------------------------- the reader
 def read_bounded(body: bytes, max_rows: int, max_bytes: int) -> pa.Table:
     """Decode an IPC stream once its declared rows and decoded bytes are within the limits."""
     source = pa.py_buffer(body)
+    if not check_schema(bytes(body[:8 + MAX_SCHEMA_BYTES])):
+        raise StreamRefused(400, "body is not a valid Arrow IPC stream (it ends inside its schema)")
     try:
         messages = pa.ipc.MessageReader.open_stream(source)
         rows = size = 0
@@ -122,9 +174,9 @@ def read_bounded(body: bytes, max_rows: int, max_bytes: int) -> pa.Table:
         raise
     except (pa.ArrowException, OSError, struct.error, IndexError, UnicodeDecodeError) as exc:
         raise StreamRefused(400, f"body is not a valid Arrow IPC stream ({exc})") from None
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise StreamRefused(422, f"tokens: column(s) {repeated} appear more than once; send each column once")
+    problem = duplicate_problem(names)
+    if problem:
+        raise StreamRefused(422, problem)
     return _expand_dictionaries(table, max_bytes - size)
 
 

@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from forksight.base.limits import BATCH_ID_RE, MAX_RANK, limits
-from forksight.base.errors import ApiError, validation_message
+from forksight.base.errors import ApiError, unknown_run, validation_message
 from forksight.monitor.collector.ingest import Ingest, ingest_impl, json_records, parse_arrow_tokens, require_run
 from forksight.monitor.collector.faults import StoreUnavailable
 from forksight.monitor.collector.routes_read import read_routes
@@ -45,6 +45,25 @@ def export_impl(store: Store, run_id: str) -> str:
     finally:
         cur.close()
     return shutil.make_archive(os.path.join(tmp, run_id), "zip", root_dir=os.path.join(tmp, run_id))
+
+
+async def arrow_body(request: Request) -> bytes:
+    """The body of an Arrow upload, its schema checked from the first bytes (a 60k-column schema
+    is refused before the rest is read or anything is parsed)."""
+    from forksight.monitor.collector.ipc import StreamRefused, check_schema
+
+    chunks, size, checked = [], 0, False
+    async for chunk in request.stream():
+        chunks.append(chunk)
+        size += len(chunk)
+        if not checked:
+            if len(chunks) > 1:
+                chunks = [b"".join(chunks)]          # only until the schema is whole (<= 64 KiB)
+            try:
+                checked = check_schema(chunks[0])
+            except StreamRefused as exc:
+                raise ApiError(exc.status, str(exc)) from None
+    return b"".join(chunks)
 
 
 # ---------------------------------------------------------------------------- routes
@@ -120,13 +139,13 @@ def create_api(store: Store, *, hub=None) -> FastAPI:
         alerts = ingester.update_run(run_id, status=body.status, strategy=body.strategy, model=body.model,
                                      config=body.config)
         if alerts is None:
-            raise ApiError(404, f"unknown run {run_id!r}: create it first with POST /api/runs")
+            raise unknown_run(run_id)
         return {"run_id": run_id, "status": body.status, "alerts": alerts}
 
     @app.post("/api/runs/{run_id}/heartbeat")
     def heartbeat(run_id: str) -> dict:
         if not store.heartbeat(run_id):
-            raise ApiError(404, f"unknown run {run_id!r}: create it first with POST /api/runs")
+            raise unknown_run(run_id)
         return {"run_id": run_id, "time": time.time()}
 
     @app.post("/api/runs/{run_id}/ingest",
@@ -150,7 +169,7 @@ def create_api(store: Store, *, hub=None) -> FastAPI:
         if not BATCH_ID_RE.match(batch_id):
             raise ApiError(422, "batch_id: must match [A-Za-z0-9._-]{1,64}")
         require_run(ingester, run_id)
-        body = await request.body()              # size: the guard caps it
+        body = await arrow_body(request)          # size: the guard caps it; columns: checked first
         records = await run_in_threadpool(parse_arrow_tokens, body, rank)   # decode, check, hash: off the loop
         return await ingest_impl(ingester, run_id, records, batch_id)
 
