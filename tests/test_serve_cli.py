@@ -35,3 +35,31 @@ def test_bad_alert_settings_are_refused_with_the_reason_and_no_db_is_created(tmp
     missing = _serve(tmp_path, "--alerts-config", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and "nope.yaml" in missing.stderr
     assert not (tmp_path / "s.duckdb").exists()
+
+
+def test_sigterm_closes_the_store_exactly_as_ctrl_c_does(tmp_path):
+    # uvicorn raised SIGTERM again once it had shut down, and Python's default handler killed the
+    # process before store.close(): exit -15, a .wal left behind, the alert hub never closed
+    import signal
+
+    import httpx
+
+    from collector_util import ServeProcess
+    from forksight.monitor.collector.store import Store
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        db = tmp_path / f"{sig.name}.duckdb"
+        srv = ServeProcess(db, args=("--webhook", "http://127.0.0.1:9/hook")).start()
+        try:
+            run = httpx.post(srv.url + "/api/runs", json={"name": "t"}).json()["run_id"]
+            batch = {"batch_id": "b", "scalars": [{"step": s, "key": "loss", "value": 1.0} for s in range(50)]}
+            assert httpx.post(f"{srv.url}/api/runs/{run}/ingest", json=batch).status_code == 200
+            assert (tmp_path / f"{sig.name}.duckdb.wal").exists()       # acknowledged, not checkpointed yet
+            srv.proc.send_signal(sig)
+            assert srv.proc.wait(60) == 0, srv.log()[-2000:]
+        finally:
+            srv.stop()
+        assert not (tmp_path / f"{sig.name}.duckdb.wal").exists(), f"{sig.name} left the .wal"
+        assert f"{db} closed" in srv.log() and "Traceback" not in srv.log(), srv.log()[-2000:]
+        with Store(db) as store:
+            assert store.reader.row_counts(run)["scalars"] == 50

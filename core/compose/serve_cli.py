@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 
 SAY_VERIFY_BYTES = 1 << 30      # from this size on, serve says it is checking the file (seconds)
 
@@ -83,11 +85,29 @@ def run_serve(args: argparse.Namespace) -> int:
     where = f"http://{args.host}:{args.port}" if args.host.strip() else f"every interface, port {args.port}"
     print(f"forksight collector on {where} (db {args.db}); "
           f"API docs at /docs{'; token required' if token else ''}", flush=True)
+    # uvicorn handles SIGINT/SIGTERM itself, shuts down, then raises the signal again with the
+    # handler that was set before it ran: for SIGTERM (docker stop, systemd, Kubernetes) Python's
+    # default killed the process before store.close(). This handler lets the raise return, so a
+    # SIGTERM ends exactly as Ctrl-C does: the store is closed (no .wal left), close hooks run, exit 0.
+    previous = _stop_quietly_on_sigterm()
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    except KeyboardInterrupt:          # Ctrl-C, raised again by uvicorn once it has shut down
+        pass
     finally:
         store.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    print(f"forksight collector stopped; {args.db} closed", flush=True)
     return 0
+
+
+def _stop_quietly_on_sigterm():
+    """Install a SIGTERM handler that does nothing (uvicorn's own replaces it while serving);
+    returns the one it replaced (None off the main thread, where signals cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, lambda signum, frame: None)
 
 
 def _alert_hub(args: argparse.Namespace):
