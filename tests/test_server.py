@@ -181,7 +181,7 @@ def test_not_arrow_unknown_run_oversize_and_run_names(http):
     assert resp.status_code == 400 and "Arrow IPC" in resp.json()["detail"]
     for path in ("/api/runs/ghost/ingest", "/api/runs/ghost/heartbeat"):
         resp = http.post(path, json=_good_batch())
-        assert resp.status_code == 404 and "create it first with POST /api/runs" in resp.json()["detail"]
+        assert resp.status_code == 404 and "creates its run first with POST /api/runs" in resp.json()["detail"]
     resp = http.post(f"/api/runs/{run}/ingest", content=b"x" * (MAX_BODY_BYTES + 1),
                      headers={"Content-Type": "application/json"})
     assert resp.status_code == 413 and "limit" in resp.json()["detail"]

@@ -24,3 +24,9 @@ def validation_message(errors: list[dict], root: str = "body") -> str:
     root names what an error without a location is about (a request body, a config file).
     """
     return "; ".join(f"{_where(tuple(e.get('loc', ())), root)}: {e.get('msg')}" for e in errors[:20])
+
+
+def unknown_run(run_id: str) -> ApiError:
+    """The one answer for a run id the store does not hold (every route that takes one)."""
+    return ApiError(404, f"unknown run {run_id!r}: GET /api/runs lists the stored run ids; "
+                         "a producer creates its run first with POST /api/runs")

@@ -3,6 +3,7 @@ same way on every path (LocalSink, JSON and Arrow ingest): known columns, same-k
 numbers, bounded text. A RecordError names the field and the fix."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
@@ -76,6 +77,14 @@ def _rows_table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema, rank: int,
         return pa.table(cols, schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
         raise RecordError(f"{where}: {exc}") from None
+
+
+def alerts_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+    """Alert rows (with run_id) -> the `alerts` table's Arrow form; a non-finite number becomes
+    null (JSON answers and the store agree), fields the table lacks are dropped."""
+    clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+              for k, v in ((k, r.get(k)) for k in ALERTS_SCHEMA.names)} for r in rows]
+    return pa.Table.from_pylist(clean, schema=ALERTS_SCHEMA)
 
 
 def scalars_table(rows: Sequence[Mapping[str, Any]], rank: int = 0) -> pa.Table:

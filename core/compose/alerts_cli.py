@@ -53,22 +53,17 @@ def replay_rows(reader: Reader, run_id: str, config, vocab_size: int | None = No
 
 def write_rows(store, run_id: str, rows: list[dict]) -> int:
     """Replace the run's stored alerts with `rows` in one transaction; returns how many were removed."""
-    import pyarrow as pa
+    from forksight.base.records import alerts_table
+    from forksight.monitor.collector.store import insert_arrow
 
-    from forksight.base.records import ALERTS_SCHEMA
-
-    table = pa.Table.from_pylist([{k: r.get(k) for k in ALERTS_SCHEMA.names} for r in rows], schema=ALERTS_SCHEMA)
+    table = alerts_table(rows)
 
     def replace(cur) -> int:
         cur.begin()
         try:
             removed = cur.execute("DELETE FROM alerts WHERE run_id = ? RETURNING 1", [run_id]).fetchall()
             if table.num_rows:
-                cur.register("_forksight_replay", table)
-                try:
-                    cur.execute("INSERT INTO alerts BY NAME SELECT * FROM _forksight_replay")
-                finally:
-                    cur.unregister("_forksight_replay")
+                insert_arrow(cur, "alerts", table)
             cur.commit()
         except Exception:
             cur.rollback()

@@ -16,9 +16,9 @@ import pyarrow.compute as pc
 from forksight.base.runconfig import vocab_size_of
 from forksight.base.interfaces import AlertHub
 from forksight.base.limits import RUN_ID_RE
-from forksight.base.errors import ApiError, validation_message
+from forksight.base.errors import ApiError, unknown_run, validation_message
 from forksight.base.records import (
-    ALERTS_SCHEMA, RecordError, Records, histograms_table, samples_table, scalars_table, tokens_table,
+    RecordError, Records, alerts_table, histograms_table, samples_table, scalars_table, tokens_table,
 )
 from forksight.monitor.collector.faults import StoreUnavailable
 from forksight.monitor.collector.reader import Reader
@@ -180,10 +180,8 @@ class Ingest:
                 row.setdefault("wall_time", time.time())
                 rows.append(row)
         if rows:
-            table = pa.Table.from_pylist([{k: r.get(k) for k in ALERTS_SCHEMA.names} for r in rows],
-                                         schema=ALERTS_SCHEMA)
             try:
-                insert_arrow(cur, "alerts", table)
+                insert_arrow(cur, "alerts", alerts_table(rows))
             except Exception:  # noqa: BLE001 - the alerts still reach the client
                 log.exception("could not store %d alert(s)", len(rows))
         return rows
@@ -199,7 +197,7 @@ class Ingest:
 def require_run(ingest: Ingest, run_id: str) -> None:
     """404 unless the run exists."""
     if not ingest.has_run(run_id):
-        raise ApiError(404, f"unknown run {run_id!r}: create it first with POST /api/runs")
+        raise unknown_run(run_id)
 
 
 def batch_records(batch: Batch) -> Records:

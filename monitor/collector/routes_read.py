@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 
 from forksight.base.interfaces import Reader
-from forksight.base.errors import ApiError
+from forksight.base.errors import ApiError, unknown_run
 from forksight.monitor.collector.token_pages import (
     TOKEN_PAGE_DEFAULT, TOKEN_PAGE_MAX, parse_cursor, read_token_page, table_json,
 )
@@ -42,7 +42,7 @@ def read_routes(reader: Reader, has_run: Callable[[str], bool]) -> APIRouter:
 
     def known_run(run_id: str) -> str:
         if not has_run(run_id):
-            raise ApiError(404, f"unknown run {run_id!r}: see GET /api/runs for the stored run ids")
+            raise unknown_run(run_id)
         return run_id
 
     Run = Annotated[str, Depends(known_run)]
