@@ -42,7 +42,50 @@ def _mount_dashboard(app: FastAPI, reader: Reader) -> None:
         log.exception("forksight: the dashboard failed to start; serving the API only")
         return
     guard_callbacks(dash_app)
-    app.mount("/", WSGIMiddleware(dash_app.server))
+    app.mount("/", WholeBody(WSGIMiddleware(dash_app.server)))
+
+
+DASH_BODY_TIMEOUT_S = 15.0   # a dashboard request's whole body must arrive within this
+
+
+class WholeBody:
+    """Reads a request's whole body on the event loop, within DASH_BODY_TIMEOUT_S, before the WSGI
+    app sees it: a2wsgi's WSGI threads (10) read bodies synchronously, so 12 clients trickling
+    bytes to /_dash-update-component froze every page; now a slow client holds a coroutine, and
+    past the time limit gets 408. (The guard in front still caps the body's size.)"""
+
+    def __init__(self, app, timeout: float = DASH_BODY_TIMEOUT_S):
+        self.app, self.timeout = app, timeout
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        import anyio
+
+        from forksight.monitor.collector.guard import send_json
+
+        chunks: list[bytes] = []
+        with anyio.move_on_after(self.timeout) as limit:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return                                   # the client left: nobody to answer
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    break
+        if limit.cancelled_caught:
+            return await send_json(send, 408, f"the request body did not arrive within {self.timeout:.0f} s; "
+                                   "send it again (the dashboard reads each body whole before answering)")
+        body, given = b"".join(chunks), False
+
+        async def replay():
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()                           # then only a disconnect can come
+
+        await self.app(scope, replay, send)
 
 
 class Collector:
