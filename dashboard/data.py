@@ -15,12 +15,31 @@ import flask
 CONFIG_KEY = "FORKSIGHT_DASH_STATE"
 
 
+def nbytes(value: Any) -> int:
+    """Bytes a cached value holds: DataFrames deep (their text too), containers summed."""
+    import sys
+
+    if hasattr(value, "memory_usage") and hasattr(value, "columns"):          # a DataFrame
+        return int(value.memory_usage(index=True, deep=True).sum())
+    if isinstance(value, dict):
+        return sys.getsizeof(value) + sum(nbytes(v) for v in value.values())
+    if isinstance(value, (tuple, list)):
+        return sys.getsizeof(value) + sum(nbytes(v) for v in value)
+    return sys.getsizeof(value)
+
+
 class LRU:
     """A thread-safe least-recently-used map (callbacks run on several threads): cachetools'
-    LRUCache behind a lock."""
+    LRUCache behind a lock, bounded by entries (`size`) or by the bytes its values hold
+    (`max_bytes`, measured by nbytes); a value larger than max_bytes is not kept."""
 
-    def __init__(self, size: int):
-        self._items, self._lock = cachetools.LRUCache(maxsize=size), threading.Lock()
+    def __init__(self, size: int | None = None, *, max_bytes: int | None = None):
+        if (size is None) == (max_bytes is None):
+            raise ValueError("give the LRU a size (entries) or max_bytes, not both")
+        self.max_bytes = max_bytes
+        self._items = cachetools.LRUCache(maxsize=size) if max_bytes is None else \
+            cachetools.LRUCache(maxsize=max_bytes, getsizeof=nbytes)
+        self._lock = threading.Lock()
 
     def get(self, key: Any) -> Any:
         with self._lock:
@@ -28,7 +47,10 @@ class LRU:
 
     def put(self, key: Any, value: Any) -> None:
         with self._lock:
-            self._items[key] = value
+            try:
+                self._items[key] = value
+            except ValueError:               # larger than the whole cache: served, not kept
+                self._items.pop(key, None)
 
     def get_or_compute(self, key: Any, compute: Callable[[], Any]) -> Any:
         """The cached value, else compute() stored (two threads may both compute: harmless)."""
@@ -38,6 +60,11 @@ class LRU:
             self.put(key, hit)
         return hit
 
+    def held_bytes(self) -> int:
+        """Bytes the values hold now (max_bytes caches; entries otherwise)."""
+        with self._lock:
+            return int(self._items.currsize)
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
@@ -45,13 +72,14 @@ class LRU:
 
 class AppState:
     """One app's reader and caches: the run page's frames, the tokens page's step rows and
-    each run's colour scale."""
+    each run's colour scale. The frame caches are bounded by bytes, not entries: one step may
+    hold 400k token rows (24 such steps once kept +700 MB)."""
 
-    def __init__(self, reader: Any, *, run_frames: int = 8, token_steps: int = 512):
+    def __init__(self, reader: Any, *, run_frame_bytes: int = 64 << 20, token_bytes: int = 128 << 20):
         self.reader = reader
-        self.run_frames = LRU(run_frames)      # (run, points, keys) -> frames already read
-        self.token_rows = LRU(token_steps)     # (run, step) -> (tokens, samples)
-        self.token_scales = LRU(64)            # (run, metric) -> the run's fixed TokenScale
+        self.run_frames = LRU(max_bytes=run_frame_bytes)   # (run, points, keys) -> frames already read
+        self.token_rows = LRU(max_bytes=token_bytes)       # (run, step) -> (tokens, samples)
+        self.token_scales = LRU(64)                        # (run, metric) -> the run's fixed TokenScale
 
 
 def install(server: flask.Flask, reader: Any) -> AppState:
