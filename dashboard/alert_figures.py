@@ -141,8 +141,12 @@ def _threshold_line(alert: dict, xref: str, yref: str) -> tuple[dict, dict]:
              "y0": y, "y1": y, "line": {"color": color, "width": 1.5, "dash": "dash"},
              "name": f"threshold:{alert.get('detector')}"}
     label = f"{alert.get('detector')} {alert.get('severity')}: threshold {y:.4g}"
-    note = {"text": escape_markup(label), "xref": f"{xref} domain", "x": 0.995,
-            "xanchor": "right", "yref": yref, "y": y, "yanchor": "bottom", "showarrow": False,
+    # a warning's label above its line at the right, a critical one's below its line at the
+    # left: a detector's two thresholds sit close together and their labels never overlap
+    critical = alert.get("severity") == "critical"
+    note = {"text": escape_markup(label), "xref": f"{xref} domain", "x": 0.005 if critical
+            else 0.995, "xanchor": "left" if critical else "right", "yref": yref, "y": y,
+            "yanchor": "top" if critical else "bottom", "showarrow": False,
             "font": {"size": 10, "color": color}}
     return shape, note
 

@@ -30,6 +30,10 @@ ENTROPY_COLOR, RENYI_COLOR, JS_COLOR = "#d9480f", "#5f3dc4", "#0b7285"
 SEVERITY_SYMBOL = {"critical": "x", "warning": "triangle-up"}
 SEVERITY_COLOR = {"critical": "#c92a2a", "warning": "#e67700"}
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
+# pass@1 … pass@G: hues far apart (eight blues from light to dark could not be told apart)
+PASS_COLORS = ("#1864ab", "#e8590c", "#2b8a3e", "#862e9c", "#c92a2a", "#0b7285", "#f08c00",
+               "#d6336c")
+X_TITLES = {"step": "step", "wall": "wall time (UTC)"}
 
 
 # ---------------------------------------------------------------- numeric helpers
@@ -221,14 +225,39 @@ def base_layout(title: str, *, height: int, x_axis: str = "step", log_y: bool = 
                 uirevision: str = "run", **extra) -> dict:
     layout = {"template": "plotly_white", "height": height, "uirevision": uirevision,
               "title": {"text": title, "x": 0.01, "font": {"size": 14}},
-              "margin": {"l": 55, "r": 25, "t": 42, "b": 32}, "hovermode": "x unified",
+              "margin": {"l": 55, "r": 25, "t": 42, "b": 48}, "hovermode": "x unified",
               "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1,
                          "xanchor": "right", "font": {"size": 11}},
-              "xaxis": {"type": "date" if x_axis == "wall" else "linear", "showspikes": True},
-              "yaxis": {"type": "log" if log_y else "linear"}}
+              "xaxis": {"type": "date" if x_axis == "wall" else "linear", "showspikes": True,
+                        "title": {"text": X_TITLES[x_axis], "standoff": 4}},
+              "yaxis": y_scale(log_y)}
     for k, v in extra.items():
         layout[k] = {**layout.get(k, {}), **v} if isinstance(v, dict) else v
     return layout
+
+
+def y_scale(log_y: bool) -> dict:
+    """A y axis's type and tick labels: on a log axis powers of ten (10⁻³), never plotly's SI
+    suffixes (which printed 101.5092n for 1e-7)."""
+    return {"type": "log", "exponentformat": "power"} if log_y else {"type": "linear"}
+
+
+def steps_x(steps: Sequence[int], rows: pd.DataFrame, x_axis: str) -> list:
+    """x coordinates of steps that have no wall time of their own (histogram columns, a forecast):
+    the steps, or wall times interpolated from rows (step, wall_time) at the run's pace."""
+    if x_axis == "step" or rows is None or rows.empty:
+        return [int(s) for s in steps]
+    known, wall = rows["step"].to_numpy(np.float64), epoch_seconds(rows["wall_time"])
+    ok = ~np.isnan(wall)
+    known, wall = known[ok], wall[ok]
+    if len(known) == 0:
+        return [int(s) for s in steps]
+    steps = np.asarray(steps, np.float64)
+    rate = (wall[-1] - wall[0]) / (known[-1] - known[0]) if known[-1] > known[0] else 0.0
+    t = np.interp(steps, known, wall)
+    t = np.where(steps > known[-1], wall[-1] + rate * (steps - known[-1]), t)
+    t = np.where(steps < known[0], wall[0] - rate * (known[0] - steps), t)
+    return wall_strings(pd.Series(t))
 
 
 def flat_range(values: pd.Series) -> dict:

@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 from dash import Patch
 
-from forksight.dashboard.figures import by_key, ema_debiased, series, x_values
+from forksight.base.constants import ENTROPY_EDGES
+from forksight.dashboard.figures import by_key, ema_debiased, series, steps_x, x_values
 from forksight.dashboard.run_figures import bin_labels, histogram_matrix, median_labels
 
 GROWING_ROLES = ("raw", "smooth", "heatmap", "median")
@@ -70,13 +71,22 @@ def extend_patch(plan: list[dict], scalars: pd.DataFrame | dict, *, last_step: i
             steps, los, his, frac = histogram_matrix(new)
             if not steps:
                 continue
-            # map the new columns onto the drawn bins (edges are shared, ENTROPY_EDGES)
-            cols = [int(np.argmin(np.abs(np.asarray(los) - b))) for b in entry["bins"]]
-            patch["data"][i]["x"].extend(steps)
+            # map the new columns onto the drawn bins (edges are shared, ENTROPY_EDGES); a
+            # drawn bin the new steps lack holds 0 (the nearest bin would count twice)
+            drawn = np.asarray(entry["bins"], np.float64)
+            where = {float(lo): c for c, lo in enumerate(los)}
+            frac = np.column_stack([frac[:, where[b]] if b in where else np.zeros(len(steps))
+                                    for b in drawn.tolist()])
+            # wall-time axis: the columns' times from the entropy rows that came with them
+            patch["data"][i]["x"].extend(steps_x(steps, series(scalars, "entropy/mean"), x_axis))
             if role == "heatmap":
-                patch["data"][i]["z"].extend(frac[:, cols].tolist())
+                patch["data"][i]["z"].extend(frac.tolist())
             else:
-                labels = bin_labels([los[c] for c in cols], [his[c] for c in cols])
-                patch["data"][i]["y"].extend(median_labels(frac[:, cols], labels))
+                hi = {float(lo): h for lo, h in zip(los, his)}
+                nxt = ENTROPY_EDGES[np.minimum(np.searchsorted(ENTROPY_EDGES, drawn) + 1,
+                                               len(ENTROPY_EDGES) - 1)]
+                labels = bin_labels(drawn.tolist(), [hi.get(b, float(n))
+                                                     for b, n in zip(drawn.tolist(), nxt)])
+                patch["data"][i]["y"].extend(median_labels(frac, labels))
             touched = True
     return (patch if touched else None), plan

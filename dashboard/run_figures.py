@@ -9,8 +9,10 @@ import numpy as np
 import pandas as pd
 
 from forksight.dashboard.alert_figures import alert_layers, escape_markup, latest_forecast
+from forksight.base.constants import ENTROPY_EDGES
 from forksight.dashboard.figures import (DIAGNOSTIC_KEYS, ENTROPY_COLOR, FORK_THRESHOLD, JS_COLOR,
-                                         RENYI_COLOR, SEVERITY_COLOR, base_layout, clean,
+                                         PASS_COLORS, RENYI_COLOR, SEVERITY_COLOR, X_TITLES,
+                                         base_layout, clean, steps_x, y_scale,
                                          downsample_indices, empty_figure,
                                          epoch_seconds, flat_range, grid_axes, hline, keys_of,
                                          line_trace, pass_keys, raw_and_smooth, series,
@@ -18,7 +20,11 @@ from forksight.dashboard.figures import (DIAGNOSTIC_KEYS, ENTROPY_COLOR, FORK_TH
 
 HEAT_SCALE = [[0, "#ffffff"], [0.02, "#fff3bf"], [0.1, "#ffa94d"], [0.35, "#e8590c"],
               [1, "#5c0a0a"]]
-_TICK_EDGES = (0.0, 1e-3, 1e-2, 0.1, FORK_THRESHOLD, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0)
+# heatmap ticks: bin edges at these values (every whole nat: the 0.25-nat bins above 4 must not
+# read as 0.1-nat ones), the top drawn bin always labelled with its range
+_TICK_EDGES = (0.0, 1e-3, 1e-2, 0.1, FORK_THRESHOLD, *map(float, range(1, 13)))
+OVERFLOW_FROM = float(ENTROPY_EDGES[-2])
+_TICK_GAP = 3                                 # categories kept clear under the top bin's tick      # the last bin also holds every value past the end
 
 
 # ---------------------------------------------------------------- run page: entropy
@@ -88,7 +94,9 @@ def entropy_figure(scalars: pd.DataFrame, *, alerts: pd.DataFrame | None = None,
                          yaxis={"title": {"text": "nats"}, "rangemode": "tozero"},
                          yaxis2={"title": {"text": "JS (nats)"}, "overlaying": "y",
                                  "side": "right", "rangemode": "tozero", "showgrid": False,
-                                 "type": "log" if log_y else "linear", **_js_range(js, log_y)})
+                                 # its own round ticks (synced ones read 0.0466, 0.0931)
+                                 "tickmode": "auto", "nticks": 5, **y_scale(log_y),
+                                 **_js_range(js, log_y)})
     return {"data": data, "layout": layout}
 
 
@@ -136,9 +144,19 @@ def histogram_matrix(hist: pd.DataFrame | None) -> tuple[list[int], list[float],
         return [], [], [], np.zeros((0, 0))
     # numpy, not pivot_table: 10x faster on 600 steps x 104 bins
     steps, step_idx = np.unique(hist["step"].to_numpy(np.int64), return_inverse=True)
-    los, bin_idx = np.unique(hist["bin_lo"].to_numpy(np.float64), return_inverse=True)
+    lo_in, hi_in = (hist[c].to_numpy(np.float64) for c in ("bin_lo", "bin_hi"))
+    los = np.unique(lo_in)
+    at = np.clip(np.searchsorted(ENTROPY_EDGES, lo_in), 0, len(ENTROPY_EDGES) - 2)
+    if np.array_equal(ENTROPY_EDGES[at], lo_in) and np.array_equal(ENTROPY_EDGES[at + 1], hi_in):
+        # the shared edges: every bin from the lowest to the highest stored one gets a row, so
+        # the axis's spacing is the edges' (a bin never stored is an empty row, not a skipped one)
+        first, last = int(at.min()), int(at.max())
+        los = ENTROPY_EDGES[first:last + 1]
+    bin_idx = np.searchsorted(los, lo_in)
     his = np.zeros(len(los))
-    his[bin_idx] = hist["bin_hi"].to_numpy(np.float64)
+    if len(los) > len(np.unique(lo_in)):
+        his = ENTROPY_EDGES[int(at.min()) + 1:int(at.max()) + 2].astype(np.float64)
+    his[bin_idx] = hi_in
     counts = np.zeros((len(steps), len(los)))
     np.add.at(counts, (step_idx, bin_idx), hist["count"].to_numpy(np.float64))
     totals = counts.sum(axis=1, keepdims=True)
@@ -147,15 +165,37 @@ def histogram_matrix(hist: pd.DataFrame | None) -> tuple[list[int], list[float],
 
 
 def bin_labels(los: Sequence[float], his: Sequence[float]) -> list[str]:
-    """Bin names ("0.01–0.0126") for the heatmap's categorical y-axis (hover shows them)."""
-    return [f"{lo:.3g}–{hi:.3g}" for lo, hi in zip(los, his)]
+    """Bin names ("0.01–0.0126") for the heatmap's categorical y-axis (hover shows them); the
+    last bin of ENTROPY_EDGES, which also counts every value past its end, is "≥ 11.75"."""
+    return [f"≥ {lo:g}" if lo >= OVERFLOW_FROM else f"{lo:.3g}–{hi:.3g}"
+            for lo, hi in zip(los, his)]
+
+
+def heatmap_ticks(los: Sequence[float], labels: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(tick categories, tick texts): each bin starting exactly at a _TICK_EDGES value, named by
+    that value, and the top drawn bin named by its whole range, so the axis reaches the data."""
+    vals, texts, at = [], [], []
+    for edge in _TICK_EDGES:
+        hit = [i for i, lo in enumerate(los) if abs(lo - edge) < 1e-9]
+        if hit and labels[hit[0]] not in vals:
+            vals.append(labels[hit[0]])
+            texts.append(f"{edge:g}")
+            at.append(hit[0])
+    if labels and labels[-1] not in vals:
+        # the top bin by its range; whole-nat ticks just under it would print on top of it
+        keep = [k for k, i in enumerate(at) if i < len(labels) - 1 - _TICK_GAP]
+        vals, texts = [vals[k] for k in keep] + [labels[-1]], [texts[k] for k in keep] + \
+            [labels[-1]]
+    return vals, texts
 
 
 def entropy_heatmap(hist: pd.DataFrame | None, *, max_steps: int | None = None,
-                    uirevision: str = "run") -> dict:
+                    uirevision: str = "run", x_axis: str = "step",
+                    walls: pd.DataFrame | None = None) -> dict:
     """Entropy distribution of all tokens per step (share per bin, one column per step, at
     most max_steps evenly spaced): a collapse shows as the mass sliding into the lowest
-    bins, an explosion as it rising."""
+    bins, an explosion as it rising. walls: (step, wall_time) rows placing the columns on the
+    wall-time axis."""
     steps, los, his, share = histogram_matrix(hist)
     if not steps:
         return empty_figure("no entropy histograms logged yet", height=320)
@@ -165,24 +205,22 @@ def entropy_heatmap(hist: pd.DataFrame | None, *, max_steps: int | None = None,
     top = int(used.max()) + 2 if len(used) else len(los)      # drop the empty bins above
     los, his, share = los[:top], his[:top], share[:, :top]
     labels = bin_labels(los, his)
-    ticks = [labels[int(np.argmin(np.abs(np.asarray(los) - e)))] for e in _TICK_EDGES
-             if e <= los[-1]]
-    text = [f"{lo:g}" for lo in los]
-    trace = {"type": "heatmap", "x": steps, "y": labels, "z": share.tolist(), "transpose": True,
+    tick_vals, tick_text = heatmap_ticks(los, labels)
+    xs = steps_x(steps, walls, x_axis)
+    trace = {"type": "heatmap", "x": xs, "y": labels, "z": share.tolist(), "transpose": True,
              "zmin": 0, "zmax": float(max(share.max(), 1e-9)), "colorscale": HEAT_SCALE,
              "colorbar": {"title": {"text": "share"}, "thickness": 10, "tickformat": ".0%"},
              "meta": {"key": "histogram", "role": "heatmap", "bins": los},
-             "hovertemplate": "step %{x}<br>entropy %{y} nats<br>share %{z:.1%}<extra></extra>"}
-    median = {"type": "scatter", "x": list(steps), "y": median_labels(share, labels),
+             "hovertemplate": "%{x}<br>entropy %{y} nats<br>share %{z:.1%}<extra></extra>"}
+    median = {"type": "scatter", "x": list(xs), "y": median_labels(share, labels),
               "mode": "lines", "line": {"color": "#1864ab", "width": 2, "shape": "hv"},
               "name": "median token", "hoverinfo": "skip", "showlegend": True,
               "meta": {"key": "histogram", "role": "median", "bins": los}}
-    tick_text = [text[labels.index(t)] for t in dict.fromkeys(ticks)]
     layout = base_layout("Entropy distribution of all tokens per step "
-                         "(mass sliding to 0 = collapse)", height=330, uirevision=uirevision,
-                         hovermode="closest",
+                         "(mass sliding to 0 = collapse)", height=380, uirevision=uirevision,
+                         hovermode="closest", x_axis=x_axis,
                          yaxis={"type": "category", "title": {"text": "entropy (nats)"},
-                                "tickmode": "array", "tickvals": list(dict.fromkeys(ticks)),
+                                "tickmode": "array", "tickvals": tick_vals,
                                 "ticktext": tick_text})
     return {"data": [trace, median], "layout": layout}
 
@@ -225,12 +263,13 @@ def passk_figure(scalars: pd.DataFrame, *, alerts: pd.DataFrame | None = None,
     keys = pass_keys(keys_of(scalars))
     reward = series(scalars, "reward/mean", max_points)
     rows = {k: series(scalars, k, max_points) for k in keys}
+    if reward.empty and not any(len(r) for r in rows.values()):
+        return empty_figure("reward and pass@k: not logged by this run", height=60)
     gl = use_webgl(len(reward) + sum(map(len, rows.values())))
     data = raw_and_smooth(reward, "reward/mean", name="reward", color="#343a40",
                           smoothing=smoothing, x_axis=x_axis, gl=gl)
-    for shade, key in zip(np.linspace(0.0, 0.7, max(len(keys), 1)), keys):
-        rgb = tuple(int(a + (b - a) * shade) for a, b in zip((24, 100, 171), (165, 216, 255)))
-        data += raw_and_smooth(rows[key], key, name=key, color=f"rgb{rgb}",
+    for n, key in enumerate(keys):
+        data += raw_and_smooth(rows[key], key, name=key, color=PASS_COLORS[n % len(PASS_COLORS)],
                                smoothing=smoothing, x_axis=x_axis, gl=gl)
     panels = {"reward/mean": (reward, "x", "y"), **{k: (rows[k], "x", "y") for k in keys}}
     if len(keys) >= 2:
@@ -264,8 +303,17 @@ def scalar_grid(scalars: pd.DataFrame, keys: Sequence[str] = DIAGNOSTIC_KEYS, *,
     keys = list(keys)
     if not keys:
         return empty_figure("pick scalars by name above", height=90)
-    cols = min(cols, len(keys))
     rows = {k: series(scalars, k, max_points) for k in keys}
+    # a signal the run does not log gets no panel (empty axes say nothing); the title names it
+    missing = [k for k in keys if rows[k].empty]
+    keys = [k for k in keys if not rows[k].empty]
+    if not keys:
+        return empty_figure(escape_markup(f"{title}: none logged by this run yet "
+                                          f"({', '.join(missing)})"), height=60)
+    if missing:
+        title = f"{title} <span style='font-size:11px;color:#868e96'>(not logged: " \
+                f"{escape_markup(', '.join(missing))})</span>"
+    cols = min(cols, len(keys))
     gl = use_webgl(sum(map(len, rows.values())))
     data, layout_axes, notes, panels = [], {}, [], {}
     for key, (xref, yref, xa, ya) in zip(keys, grid_axes(len(keys), cols)):
@@ -273,10 +321,9 @@ def scalar_grid(scalars: pd.DataFrame, keys: Sequence[str] = DIAGNOSTIC_KEYS, *,
         data += raw_and_smooth(rows[key], key, name=key, color="#1c7ed6", smoothing=smoothing,
                                x_axis=x_axis, gl=gl, showlegend=False, xaxis=xref, yaxis=yref)
         layout_axes["xaxis" + xref[1:]] = {**xa, "type": "date" if x_axis == "wall" else "linear"}
-        layout_axes["yaxis" + yref[1:]] = {**ya, "type": "log" if log_y else "linear",
+        layout_axes["yaxis" + yref[1:]] = {**ya, **y_scale(log_y),
                                            **flat_range(rows[key]["value"])}
-        label = key if len(rows[key]) else f"{key} (not logged)"
-        notes.append({"text": escape_markup(label), "xref": "paper", "yref": "paper",
+        notes.append({"text": escape_markup(key), "xref": "paper", "yref": "paper",
                       "x": sum(xa["domain"]) / 2, "y": ya["domain"][1], "xanchor": "center", "yanchor": "bottom",
                       "showarrow": False, "font": {"size": 12}})
     layers = alert_layers(alerts, panels, x_axis, log_y=log_y)
@@ -286,4 +333,7 @@ def scalar_grid(scalars: pd.DataFrame, keys: Sequence[str] = DIAGNOSTIC_KEYS, *,
                          uirevision=uirevision, hovermode="closest",
                          annotations=notes + layers["annotations"], shapes=layers["shapes"])
     layout.update(layout_axes)
+    for i, (xref, _, _, _) in enumerate(grid_axes(len(keys), cols)):    # x title: bottom row
+        if i >= len(keys) - cols:
+            layout["xaxis" + xref[1:]]["title"] = {"text": X_TITLES[x_axis], "standoff": 2}
     return {"data": data, "layout": layout}

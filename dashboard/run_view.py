@@ -4,7 +4,6 @@ them (TensorBoard's *_impl pattern), and the benchmark times them directly.
 """
 from __future__ import annotations
 
-import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 from dash import html
 
+from forksight.base.runconfig import vocab_size_of
 from forksight.base.interfaces import Reader
 from forksight.dashboard import alert_figures as A
 from forksight.dashboard import figures as F
@@ -55,22 +55,8 @@ class Controls:
 
 
 def vocab_size(run: dict | None) -> int | None:
-    """|V| from the run's config (trainer and TRL adapter store vocab_size), else None."""
-    config = (run or {}).get("config")
-    if isinstance(config, str):
-        try:
-            config = json.loads(config)
-        except ValueError:
-            config = None
-    value = config.get("vocab_size") if isinstance(config, dict) else None
-    return int(value) if isinstance(value, (int, float)) and value > 1 else None
-
-
-def run_row(reader: Reader, run_id: str) -> dict | None:
-    """The run's list_runs row as a dict, or None."""
-    runs = reader.list_runs()
-    rows = runs[runs["run_id"] == run_id]
-    return None if rows.empty else rows.iloc[0].to_dict()
+    """|V| from the run's config, else None (the rule: forksight.base.runconfig)."""
+    return vocab_size_of((run or {}).get("config"))
 
 
 def other_keys(keys: list[str]) -> list[str]:
@@ -118,7 +104,7 @@ def read_run(reader: Reader, run_id: str, keys: list[str], max_points: int, cach
     points = ALL_POINTS if hit is not None else max_points
     # independent reads in parallel: DuckDB releases the GIL and the Reader uses a cursor
     # per call, so the wall time is the slowest read, not the sum
-    jobs = {"run": (run_row, reader, run_id),
+    jobs = {"run": (reader.run, run_id),
             "frame": (reader.read_scalars, run_id, keys, points,
                       None if since is None else int(since)),
             "hist": (reader.read_histograms, run_id, "entropy",
@@ -153,7 +139,8 @@ def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None 
         "entropy": R.entropy_figure(scalars, alerts=routed["rest"], vocab_size=vocab_size(run),
                                     smoothing=c.smoothing, x_axis=c.x_axis, log_y=c.log_y,
                                     max_points=c.max_points, uirevision=run_id),
-        "heatmap": R.entropy_heatmap(hist, max_steps=HEATMAP_STEPS, uirevision=run_id),
+        "heatmap": R.entropy_heatmap(hist, max_steps=HEATMAP_STEPS, uirevision=run_id,
+                                     x_axis=c.x_axis, walls=F.series(scalars, "entropy/mean")),
         "passk": R.passk_figure(scalars, alerts=routed["passk"], smoothing=c.smoothing,
                                 x_axis=c.x_axis, max_points=c.max_points, uirevision=run_id),
         "signals": R.scalar_grid(scalars, F.DIAGNOSTIC_KEYS, alerts=routed["signals"],

@@ -87,8 +87,9 @@ def test_each_alert_sits_on_the_chart_that_shows_its_signal():
     assert routed["rest"]["step"].tolist() == [50]          # on no chart: the entropy fallback
     grid = R.scalar_grid(scalars(), F.DIAGNOSTIC_KEYS, alerts=routed["signals"])
     go.Figure(grid)
+    logged = [k for k in F.DIAGNOSTIC_KEYS if k in keys]     # an unlogged key gets no panel
     axes = {k: (f"x{i + 1}" if i else "x", f"y{i + 1}" if i else "y")
-            for i, k in enumerate(F.DIAGNOSTIC_KEYS)}
+            for i, k in enumerate(logged)}
     placed = {(t["xaxis"], t["yaxis"]): (t["x"], t["y"]) for t in markers(grid)}
     assert placed == {axes["cov/logp_adv"]: ([20], [0.016]), axes["fork/frac"]: ([40], [0.04])}
     lines = {(s["yref"], s["y0"]) for s in hlines(grid)}

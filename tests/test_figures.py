@@ -164,12 +164,15 @@ def test_passk_figure_orders_k_and_draws_the_gap():
     assert np.allclose(gap["y"], p8 - p1)
 
 
-def test_scalar_grid_has_one_panel_per_key_and_names_missing_ones():
+def test_scalar_grid_has_one_panel_per_logged_key_and_names_missing_ones_in_its_title():
     fig = R.scalar_grid(scalars_frame(30), ["loss", "fork/frac", "kl"], smoothing=0.0)
     go.Figure(fig)
-    assert [a["text"] for a in fig["layout"]["annotations"]] == ["loss", "fork/frac",
-                                                                  "kl (not logged)"]
-    assert len({t["xaxis"] for t in fig["data"]}) == 3
+    # no empty axes for a signal the run does not log: the title names it instead
+    assert [a["text"] for a in fig["layout"]["annotations"]] == ["loss", "fork/frac"]
+    assert len({t["xaxis"] for t in fig["data"]}) == 2
+    assert "not logged: kl" in fig["layout"]["title"]["text"]
+    none = R.scalar_grid(scalars_frame(30), ["kl"])
+    assert none["data"] == [] and "none logged" in none["layout"]["annotations"][0]["text"]
 
 
 def test_compare_colours_by_strategy():

@@ -135,6 +135,12 @@ def _marks(steps: list[int]) -> dict | None:
     return {int(i): str(steps[i]) for i in downsample_indices(len(steps), 8)} if steps else None
 
 
+def nearest_step(steps: list[int], wanted: int) -> int:
+    """The index of the token step closest to `wanted` (an alert's step may have no token
+    rows: tokens are sampled every few steps), the earlier one on a tie."""
+    return min(range(len(steps)), key=lambda i: (abs(steps[i] - wanted), steps[i]))
+
+
 def follow_index(old: list[int], new: list[int], index: int | None) -> int | None:
     """Where the slider goes when the run's steps grow from `old` to `new`: to the newest step
     when it was on the newest (or nothing was shown), else stays on the step the user picked."""
@@ -148,11 +154,16 @@ def follow_index(old: list[int], new: list[int], index: int | None) -> int | Non
 
 def layout(run: str | None = None, step: str | None = None, sample: str | None = None,
            **_query) -> html.Div:
+    run_asked = run
     options = _runs(data.reader())
-    if run is None and options:
-        run = options[0]["value"]
+    unknown = run is not None and run not in {o["value"] for o in options}
+    if (run is None or unknown) and options:
+        run = None if unknown else options[0]["value"]
     return html.Div([
         html.H2("Tokens"),
+        html.P(f"no run named {run_asked!r} in this database: pick one below or see the Runs page"
+               if unknown else "no runs yet: start `forksight train` (or `make demo`)",
+               className="notice", id="tok-missing") if unknown or not options else None,
         html.Div(className="controls", children=[
             html.Div([html.Label("run"), dcc.Dropdown(id="tok-run", options=options, value=run,
                                                       clearable=False)], className="control"),
@@ -200,8 +211,8 @@ def register(app: dash.Dash) -> None:
         if not steps:
             return [], 0, 0, None
         index = len(steps) - 1
-        if wanted is not None and str(wanted).isdigit() and int(wanted) in steps:
-            index = steps.index(int(wanted))
+        if wanted is not None and str(wanted).isdigit():
+            index = nearest_step(steps, int(wanted))
         return steps, len(steps) - 1, index, _marks(steps)
 
     @app.callback(*[Output(o.component_id, o.component_property, allow_duplicate=True)
@@ -231,7 +242,9 @@ def register(app: dash.Dash) -> None:
                   State("tok-want-sample", "data"))
     def show(index, choice, metric, steps, run_id, shown, wanted):
         if not steps or run_id is None:
-            return ([], None, "", html.P("no token rows logged for this run yet"), [], [],
+            note = "pick a run above" if run_id is None else \
+                "waiting for the first step with token rows (none logged for this run yet)"
+            return ([], None, "", html.P(note, className="empty-note"), [], [],
                     "step", None)
         step = steps[min(int(index or 0), len(steps) - 1)]
         if set(ctx.triggered_prop_ids) == {"tok-steps.data"} and shown == [run_id, step]:
