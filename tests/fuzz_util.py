@@ -382,9 +382,10 @@ def hostile_arrow(draw) -> tuple[pa.Table | None, bytes]:
 
 # ---------------------------------------------------------------------------- headers
 TOKEN = "fuzz-token-7f3a"
-GOOD_HOSTS = ["127.0.0.1", "127.0.0.1:8050", "localhost", "localhost:8050", "[::1]:8050", "LOCALHOST:8050"]
+GOOD_HOSTS = ["127.0.0.1:8050", "localhost:8050", "[::1]:8050", "LOCALHOST:8050"]   # the bound port: 8050
 BAD_HOSTS = ["evil.example", "evil.example:8050", "127.0.0.1.nip.io", "10.0.0.1:8050", "", "127.0.0.1:notaport",
-             "a@127.0.0.1", "127.0.0.1/x", "127.0.0.1 evil", "[::1"]
+             "a@127.0.0.1", "127.0.0.1/x", "127.0.0.1 evil", "[::1", "127.0.0.1", "localhost", "localhost:8051",
+             "evil.localhost:8050", "127.0.0.2:8050", "127.1.2.3:8050", "localhost.:8050", "[::2]:8050"]
 CONTENT_TYPES = [None, "application/json", "application/json; charset=utf-8", "APPLICATION/JSON", "text/plain",
                  "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", ARROW_MEDIA_TYPE, "", ";"]
 _latin1 = st.text(st.characters(min_codepoint=0x20, max_codepoint=0xFF, exclude_characters="\x7f"), max_size=40)

@@ -86,10 +86,11 @@ def test_cross_site_writes_need_json_and_store_nothing(http):
 def test_foreign_host_or_origin_is_refused_without_a_token(srv, http):
     port = srv.port
     for host in ("evil.example", f"evil.example:{port}", f"127.0.0.1.nip.io:{port}", f"0.0.0.0:{port}",
-                 f"evil@127.0.0.1:{port}"):
+                 f"evil@127.0.0.1:{port}", f"evil.localhost:{port}", f"127.0.0.2:{port}", f"127.1.2.3:{port}",
+                 "localhost", "127.0.0.1", f"localhost:{port + 1}", f"localhost.:{port}"):   # exactly the allowlist
         resp = http.get("/api/runs", headers={"Host": host})
         assert resp.status_code == 403 and "Host" in resp.json()["detail"], host
-    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost"):
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}"):
         assert http.get("/api/runs", headers={"Host": host}).status_code == 200, host
     before = _run_names(http)
     for origin in ("http://evil.example", f"http://evil.example:{port}", "null", f"http://localhost:{port + 1}"):

@@ -17,6 +17,7 @@ TOKEN_COOKIE = "forksight_token"
 WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 ARROW_ROUTE = re.compile(r"/api/runs/[^/]+/tokens/?")
 DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")     # what the tokenless collector answers to
 # other sites may not frame the dashboard (clickjacking) nor learn its URLs from Referer
 PAGE_HEADERS = ((b"x-frame-options", b"DENY"), (b"content-security-policy", b"frame-ancestors 'none'"),
                 (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"same-origin"))
@@ -52,9 +53,18 @@ def _split_host(value: str, scheme: str) -> tuple[str, int | None]:
         return "", None
     try:
         parts = urlsplit(f"{scheme}://{value}")
-        return (parts.hostname or "").rstrip("."), parts.port or DEFAULT_PORTS.get(scheme)
+        return parts.hostname or "", parts.port or DEFAULT_PORTS.get(scheme)
     except ValueError:
         return "", None
+
+
+def host_allowed(host: str, port: int | None, server) -> bool:
+    """Without a token, a Host (or Origin) names exactly localhost, 127.0.0.1, [::1] or the bound
+    address, with the bound port (`server`: the ASGI scope's (host, port) of the listening socket);
+    not evil.localhost, 127.0.0.2, a missing port or another port."""
+    bound_host, bound_port = (server[0], server[1]) if server else (None, None)
+    names = set(LOOPBACK_NAMES) | ({str(bound_host).strip("[]").lower()} if bound_host else set())
+    return host.lower() in names and (bound_port is None or port == bound_port)
 
 
 def _cookie_token(header: str) -> str | None:
@@ -115,12 +125,14 @@ class GuardMiddleware:
     def _same_origin(self, scope, headers: dict) -> tuple[int, str] | None:
         scheme = scope.get("scheme", "http")
         host_header = headers.get("host")
+        server = scope.get("server")
+        bound = f":{server[1]}" if server and server[1] else ""
         if host_header is not None:
             host, port = _split_host(host_header, scheme)
-            if not is_loopback(host) or port is None:
+            if not host_allowed(host, port, server):
                 return 403, (f"Host {host_header!r} is not this collector's address: without a token it "
-                             "answers only loopback names (127.0.0.1, localhost, ::1); open it by one of "
-                             "those, or start `forksight serve --token T` to serve other names")
+                             f"answers only 127.0.0.1{bound}, localhost{bound} and [::1]{bound}; open it by one "
+                             "of those, or start `forksight serve --token T` to serve other names")
         origin = headers.get("origin")
         if origin is None:
             return None
@@ -129,7 +141,7 @@ class GuardMiddleware:
         if parts is not None and parts.scheme in DEFAULT_PORTS:
             o_host, o_port = _split_host(parts.netloc, parts.scheme)
             h_host, h_port = _split_host(host_header or "", scheme)
-            same = is_loopback(o_host) and (o_host.lower(), o_port) == (h_host.lower(), h_port)
+            same = host_allowed(o_host, o_port, server) and (o_host.lower(), o_port) == (h_host.lower(), h_port)
         if same:
             return None
         return 403, (f"cross-origin request from {origin!r} refused: without a token the collector "
