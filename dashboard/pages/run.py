@@ -10,7 +10,7 @@ from forksight.base.interfaces import Reader
 from forksight.dashboard import data
 from forksight.dashboard.alerts_view import verdict_chip
 from forksight.dashboard.figures import empty_figure, with_focus
-from forksight.dashboard.run_view import Controls, draw_run, run_row, status_line, tick_run
+from forksight.dashboard.run_view import Controls, draw_run, status_line, tick_run
 
 TICK_MS = 1000
 GRAPHS = ("entropy", "heatmap", "passk", "signals", "custom")
@@ -146,7 +146,7 @@ def register(app: dash.Dash) -> None:
         return (*[out["figures"][g] if out["figures"][g] is not None else no_update
                   for g in GRAPHS], out["state"],
                 out["banner"] if out["banner"] is not None else no_update,
-                status_line(run_row(reader, state["run_id"]), out["state"]), chip)
+                status_line(reader.run(state["run_id"]), out["state"]), chip)
 
     @app.callback(Output("run-tick", "disabled"), Output("run-pause", "children"),
                   Input("run-pause", "n_clicks"))
