@@ -104,7 +104,7 @@ def test_ranks_merge_by_token_weight_and_percentiles_from_summed_histograms(tmp_
                                       rank),
                 histograms=histograms_table([{"step": 3, "key": "entropy", "counts": counts, "edges": edges}],
                                             rank))).result()
-        merged = store.reader.step_scalars(run, 3)
+        merged = store.reader.steps_scalars(run, [3])[3]
         both = np.concatenate(list(values.values()))
         assert merged["entropy/mean"] == pytest.approx(both.mean(), rel=1e-12)   # token-weighted
         # the merged p80 falls in the bin holding the exact p80 of all tokens (bin width 0.1)
