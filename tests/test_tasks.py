@@ -94,3 +94,38 @@ def test_held_out_is_deterministic_per_seed():
     task = make_task("arith")
     assert held_out(task, 5, 0) == held_out(task, 5, 0)
     assert held_out(task, 5, 0) != held_out(task, 5, 1)
+
+
+def test_steps_task_writes_the_column_sum_in_words_and_checks_only_the_answer():
+    from forksight.trainer.tasks import StepsTask
+
+    task = StepsTask()
+    assert task.write(27, 82) == " 7+2=9, 2+8=10 carry 1, answer 109"      # the example
+    assert task.write(58, 67) == " 8+7=15 carry 1, 5+6+1=12 carry 1, answer 125"
+    assert task.write(10, 10) == " 0+0=0, 1+1=2, answer 20"
+    p = Problem(prompt="27+82:", answer="109", target=task.write(27, 82))
+    assert task.verify(p, p.target) == (1.0, True)
+    assert task.verify(p, " 7+2=8, 2+8=10 carry 1, answer 109") == (1.0, True)  # the answer decides
+    assert task.verify(p, " 7+2=9, 2+8=10 carry 1, answer 108") == (0.0, False)
+    assert task.verify(p, " 7+2=9, 2+8=10 carry 1, answer 1090") == (0.0, False)
+    assert task.verify(p, "answer 109 and more") == (0.0, False)
+    rng = random.Random(1)
+    for _ in range(200):   # every generated target is its own correct answer, and the sum adds up
+        q = task.sample(rng)
+        a, b = map(int, q.prompt.rstrip(":").split("+"))
+        assert q.answer == str(a + b) and task.verify(q, q.target)[1]
+    assert make_task("steps").name == "steps2" and make_task("steps", level=2).name == "steps3"
+    assert StepsTask(digits=3).write(999, 1) == " 9+1=10 carry 1, 9+0+1=10 carry 1, 9+0+1=10 carry 1, answer 1000"
+    with pytest.raises(ValueError, match="2 or 3"):
+        StepsTask(digits=4)
+
+
+def test_the_tiny_tokenizer_writes_steps_as_whole_words_and_single_digits(tiny):
+    from forksight.trainer.tasks import StepsTask
+
+    _, tokenizer = tiny
+    text = StepsTask.write(58, 67)
+    pieces = [tokenizer.decode([i]) for i in tokenizer(text).input_ids]
+    assert " carry" in pieces and " answer" in pieces
+    assert all(len(p) == 1 for p in pieces if any(ch.isdigit() for ch in p))   # one token per digit
+    assert "".join(pieces) == text

@@ -34,6 +34,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="GRPO/DAPO with token selection on a local HF causal LM (default: the tiny "
                     "offline model). With neither --db nor --url the records go to a collector "
                     "on 127.0.0.1:8050, started in-process if none answers.",
+        epilog="Formulas and sources of the strategies, statistics and alerts: docs/algorithms.md "
+               "in the forksight repository.",
     )
     parser.add_argument("--config", metavar="FILE", help="YAML or JSON file of config fields.")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="Named starting point.")

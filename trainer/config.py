@@ -37,7 +37,7 @@ class TrainConfig(BaseModel):
                       "warmup_pass (cached next to the model).")
     warmup_pass: float = _f(0.3, "model", "Sampled pass@1 at which the warm-up stops.", ge=0, le=1)
     warmup_loss: Literal["ce", "bounded"] = _f("ce", "model", "Warm-up loss: cross-entropy or the "
-                                               "bounded log(2 - p) (ALGORITHMS.md §8).")
+                                               "bounded log(2 - p) (docs/algorithms.md §8).")
     warmup_max_seconds: float = _f(180.0, "model", "Give up the warm-up after this long (the "
                                    "cached model is then whatever was reached).", gt=0)
     teacher: str | None = _f(None, "model", "Teacher model directory for maxtok/mintok/rand1tok; "
@@ -45,10 +45,12 @@ class TrainConfig(BaseModel):
     teacher_pass: float = _f(0.8, "model", "Sampled pass@1 the default teacher is trained to.",
                              ge=0, le=1)
     # -- task ----------------------------------------------------------------------------------
-    task: Literal["arith", "countdown", "jsonl", "collapse"] = _f(
-        "arith", "task", "Problem generator / verifier (trainer/tasks.py).")
+    task: Literal["arith", "steps", "countdown", "jsonl", "collapse"] = _f(
+        "arith", "task", "Problem generator / verifier (trainer/tasks.py); steps = addition "
+        "worked out in words and digits ('27+82: 7+2=9, 2+8=10 carry 1, answer 109').")
     level: int = _f(1, "task", "Arithmetic difficulty: 1 two-digit +, 2 three-digit +, "
-                    "3 two-digit -, 4 two-digit × one-digit.", ge=1, le=4)
+                    "3 two-digit -, 4 two-digit × one-digit (steps: 1 two digits, else three).",
+                    ge=1, le=4)
     reverse: bool = _f(True, "task", "Arithmetic answers written with digits reversed (learns "
                        "much faster on a tiny model).")
     task_path: str | None = _f(None, "task", "JSONL file of {prompt, answer} lines for task=jsonl.")

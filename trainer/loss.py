@@ -78,5 +78,5 @@ def distill_loss(token_kl: torch.Tensor, selected: torch.Tensor) -> torch.Tensor
 
 
 def bounded_nll(logp: torch.Tensor) -> torch.Tensor:
-    """log(2 - p): bounded by log 2, ≈ -log p on confident tokens (ALGORITHMS.md §8)."""
+    """log(2 - p): bounded by log 2, ≈ -log p on confident tokens (docs/algorithms.md §8)."""
     return torch.log(2 - torch.exp(logp))

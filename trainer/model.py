@@ -33,6 +33,7 @@ class TinySpec:
     max_position_embeddings: int = 256
     bpe_vocab_size: int = 400
     seed: int = 0
+    corpus: int = 2  # version of _corpus(): a new corpus is a new tokenizer, so a new cache key
 
     def key(self) -> str:
         return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
@@ -55,6 +56,7 @@ def _corpus() -> list[str]:
         lines.append(f"Question: what is {a} - {b} * {c}? Answer: {a - b * c}")
         lines.append(f"Use the numbers {a} {b} {c} to make {a + c}. Answer: {a}+{c}")
         lines.append(f"Reverse the answer. The result is {a * c} so the answer is {str(a * c)[::-1]}")
+        lines.append(f"{a}+{c}: {a % 10}+{c % 10}={a % 10 + c % 10} carry 1, answer {a + c}")
     return lines
 
 

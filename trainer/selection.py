@@ -24,7 +24,7 @@ def select(strategy: str, stats: "metrics.TokenStats", *, advantages: torch.Tens
            rho: float = 0.2, normalizer: str = "paper", generator: torch.Generator | None = None,
            stapo_tau_p: float = 0.01, stapo_entropy_q: float = 0.05,
            kl: torch.Tensor | None = None, distill_tokens: int = 1) -> Selection:
-    """Dispatch on the strategy name (ALGORITHMS.md §2–§5)."""
+    """Dispatch on the strategy name (docs/algorithms.md §3–§5)."""
     valid = stats.mask.bool()
     fork_norm = "tokens" if normalizer == "paper" else "selected"
     if strategy == "all":

@@ -1,4 +1,5 @@
-"""Tasks with verifiers: procedural arithmetic (levels), countdown (several valid answers),
+"""Tasks with verifiers: procedural arithmetic (levels), addition worked in steps (readable
+completions), countdown (several valid answers),
 user problems from JSONL (checked with math-verify), and a "collapse" task whose optimum is
 one deterministic string. Every verifier returns (reward, correct).
 """
@@ -230,8 +231,54 @@ class CollapseTask:
         return reward, text == self.goal
 
 
+# ---------------------------------------------------------------------------------------------
+# Steps: column addition written out in words and digits, so a completion reads as reasoning:
+# "58+67: 8+7=15 carry 1, 5+6+1=12 carry 1, answer 125". The model is uncertain where the sum
+# needs work (a step's result, a carry, the answer's digits) and sure where it copies digits.
+
+_ANSWER = re.compile(r"answer (-?\d+)\s*$")
+
+
+@dataclass
+class StepsTask:
+    """`a+b:` → the column sum step by step, then `answer N`; reward 1 if N = a+b, else 0."""
+
+    digits: int = 2
+    name: str = "steps"
+    max_new_tokens: int = 40  # two digits: at most 37 tokens and EOS
+
+    def __post_init__(self) -> None:
+        if self.digits not in (2, 3):
+            raise ValueError(f"steps task digits must be 2 or 3, got {self.digits}")
+        self.name = f"steps{self.digits}"
+        self.max_new_tokens = 40 if self.digits == 2 else 58
+
+    def sample(self, rng: random.Random) -> Problem:
+        low, high = 10 ** (self.digits - 1), 10 ** self.digits - 1
+        a, b = rng.randint(low, high), rng.randint(low, high)
+        return Problem(prompt=f"{a}+{b}:", answer=str(a + b), target=self.write(a, b))
+
+    @staticmethod
+    def write(a: int, b: int) -> str:
+        """The worked sum, least significant column first: ` 7+2=9, 2+8=10 carry 1, answer 109`."""
+        xs, ys = str(a)[::-1], str(b)[::-1]
+        steps, carry = [], 0
+        for i in range(max(len(xs), len(ys))):
+            terms = [xs[i] if i < len(xs) else "0", ys[i] if i < len(ys) else "0"] + (["1"] if carry else [])
+            total = sum(map(int, terms))
+            carry = total // 10
+            steps.append(f"{'+'.join(terms)}={total}" + (" carry 1" if carry else ""))
+        return " " + ", ".join(steps) + f", answer {a + b}"
+
+    def verify(self, problem: Problem, completion: str) -> tuple[float, bool]:
+        found = _ANSWER.search(_clean(completion))
+        ok = bool(found) and found.group(1) == problem.answer
+        return float(ok), ok
+
+
 def make_task(name: str, *, level: int = 1, reverse: bool = True, path: str | None = None) -> Task:
-    """Task by name: arith, countdown, jsonl (needs path), collapse."""
+    """Task by name: arith, steps (level 1: two digits, else three), countdown, jsonl (needs
+    path), collapse."""
     if name == "arith":
         return ArithmeticTask(level=level, reverse=reverse)
     if name == "countdown":
@@ -242,7 +289,9 @@ def make_task(name: str, *, level: int = 1, reverse: bool = True, path: str | No
         return JsonlTask(path)
     if name == "collapse":
         return CollapseTask()
-    raise ValueError(f"unknown task {name!r}: choose arith, countdown, jsonl or collapse")
+    if name == "steps":
+        return StepsTask(digits=2 if level == 1 else 3)
+    raise ValueError(f"unknown task {name!r}: choose arith, steps, countdown, jsonl or collapse")
 
 
 def held_out(task: Task, n: int, seed: int) -> list[Problem]:

@@ -69,8 +69,11 @@ def encode_targets(tokenizer, problems: list[Problem]) -> tuple[torch.Tensor, ..
 
 
 def sampled_pass1(model, tokenizer, task: Task, problems: list[Problem], *, samples: int = 2,
-                  temperature: float = 1.0, max_new_tokens: int = 8) -> float:
-    """Fraction of sampled completions (`samples` per problem) the verifier accepts."""
+                  temperature: float = 1.0, max_new_tokens: int | None = None) -> float:
+    """Fraction of sampled completions (`samples` per problem) the verifier accepts; the length
+    limit defaults to the task's own (`task.max_new_tokens`, else 8)."""
+    if max_new_tokens is None:
+        max_new_tokens = getattr(task, "max_new_tokens", 8)
     roll = generate(model, tokenizer, [p.prompt for p in problems], samples,
                     temperature=temperature, max_new_tokens=max_new_tokens)
     verdicts = [task.verify(problems[i // samples], text)[1] for i, text in enumerate(roll.texts)]

@@ -1,4 +1,4 @@
-"""The producers' per-token math under one name (docs: ../shared/ALGORITHMS.md §1–§9); each
+"""The producers' per-token math under one name (docs: docs/algorithms.md §1–§7); each
 piece has its own module: `token_stats` (entropy, Rényi-2, top-1, log p, JS, KL), `passk`,
 `token_select` (top-ρ masks, token covariance) and `summary` (step scalars, histogram).
 """

@@ -1,4 +1,4 @@
-"""Unbiased pass@k (Chen et al. 2021; docs: ../shared/ALGORITHMS.md §9), per problem and over groups."""
+"""Unbiased pass@k (Chen et al. 2021; docs: docs/algorithms.md §6), per problem and over groups."""
 from __future__ import annotations
 
 from typing import Iterable

@@ -1,4 +1,4 @@
-"""Selection helpers (ALGORITHMS.md §2, §3, §6): the `fork` strategy's top-ρ entropy mask, ICT's top-ρ
+"""Selection helpers (docs/algorithms.md §3, §4, §7): the `fork` strategy's top-ρ entropy mask, ICT's top-ρ
 per response, Cui et al.'s token covariance. Top-ρ is RELATIVE to each batch; the absolute fork
 reference behind `fork/frac` is FORK_ENTROPY (H ≥ 0.672)."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Per-token statistics in one pass over the vocabulary: Shannon/Rényi-2 entropy, top-1, log p,
-ICT JS to the group mean, and the reverse KL to a teacher (docs: ../shared/ALGORITHMS.md §1, §2, §4).
+ICT JS to the group mean, and the reverse KL to a teacher (docs/algorithms.md §1, §3, §5).
 
 Everything heavy works on blocks of token rows in float32 scratch, so the extra memory stays
 bounded by `chunk_size × V × 4` bytes however large B·T is. Per block the logits are read twice
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from forksight.hooks.metrics import fused as _fused
 from forksight.hooks.metrics.logits_source import (LogitsSource, as_groups, as_mask, as_tokens, check_chunk,
                                            check_temperature)
 
@@ -105,6 +106,19 @@ class _Sums:
             self.s_y[index] = planes[1].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         self.s1[index], self.sz[index], self.s2[index] = _row_sums(planes)
 
+    def fill_fused(self, index, z: Tensor, inv_temp: float, tokens: Tensor | None, e_out=None) -> bool:
+        """The same from the compiled kernel (e written to e_out when given); False: use eager."""
+        m = z.amax(dim=-1)
+        got = _fused.sums(z, m, inv_temp) if e_out is None else _fused.sums_e(z, m, inv_temp, e_out)
+        if got is None:
+            return False
+        self.max[index] = m
+        self.s1[index], self.sz[index], self.s2[index] = got
+        if tokens is not None:
+            z_y = z.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+            self.s_y[index] = (z_y.to(torch.float32) - m.to(torch.float32)) * inv_temp
+        return True
+
     def finish(self, active: Tensor) -> dict[str, Tensor | None]:
         _raise_nonfinite(self.max, active)
         entropy, renyi2, top1, log_s1 = _stats_from_sums(self.s1, self.sz, self.s2)
@@ -126,12 +140,16 @@ def token_stats(
     temperature: float = 1.0,
     group_ids=None,
     chunk_size: int = 1024,
+    fused: bool | None = None,
 ) -> TokenStats:
     """Shannon/Rényi-2 entropy, top-1 prob, log p(token) and ICT JS to the group mean, per token.
 
     Give logits [B, T, V] (any float dtype) or hidden [B, T, H] + weight [V, H] (+ bias [V]).
     chunk_size bounds the extra memory to chunk_size × V × 4 bytes. With group_ids a block is at
     least one position of the whole batch (about 6·B rows of V), whatever chunk_size says.
+    fused: None (default) runs each block as one compiled kernel (hooks/metrics/fused.py) when
+    the call is large enough to repay the compile and torch.compile works here, else the eager
+    ops; True insists on the compiled kernel, False never compiles. Both agree to float32 rounding.
     Raises ValueError on bad shapes, ids out of range, or NaN/+inf logits at valid positions.
     """
     src = LogitsSource(logits, hidden, weight, bias)
@@ -146,32 +164,49 @@ def token_stats(
     out["logp"] = torch.zeros(shape, dtype=torch.float32, device=src.device) if toks is not None else None
     out["js"] = torch.zeros(shape, dtype=torch.float32, device=src.device) if groups is not None else None
     with torch.no_grad():
+        work = src.batch * src.time * src.vocab
+        use_fused = _fused.use_fused(fused, work, src.device)
         if groups is None:
-            _stats_by_tokens(src, valid, toks, inv_temp, chunk_size, out)
+            done = _stats_by_tokens(src, valid, toks, inv_temp, chunk_size, out, use_fused)
         else:
-            _stats_by_positions(src, valid, toks, groups, inv_temp, chunk_size, out)
+            done = _stats_by_positions(src, valid, toks, groups, inv_temp, chunk_size, out, use_fused)
+        if not done:  # the compiled kernel could not run here: once more, eager
+            if fused:
+                raise RuntimeError(f"the fused per-token kernels cannot run here: {_fused.failure()}")
+            return token_stats(src.logits, hidden=src.hidden, weight=src.weight, bias=src.bias, mask=valid,
+                               tokens=toks, temperature=temperature, group_ids=groups,
+                               chunk_size=chunk_size, fused=False)
     return TokenStats(mask=valid, **out)
 
 
-def _stats_by_tokens(src: LogitsSource, valid: Tensor, toks, inv_temp: float, chunk_size: int, out: dict) -> None:
-    """Without JS: blocks of valid tokens only (masked positions cost nothing)."""
+def _stats_by_tokens(src: LogitsSource, valid: Tensor, toks, inv_temp: float, chunk_size: int, out: dict,
+                     use_fused: bool) -> bool:
+    """Without JS: blocks of valid tokens only (masked positions cost nothing). False: the fused
+    kernel could not run (nothing written)."""
     flat, flat_host = _valid_rows(valid)
     n = flat_host.numel()
     if n == 0:
-        return
+        return True
     b_all, t_all = flat // src.time, flat % src.time
-    rows = _block_rows(chunk_size, _STATS_ROWS, src.vocab)
-    buf = torch.empty((3, min(rows, n), src.vocab), dtype=torch.float32, device=src.device)
+    rows = _block_rows(chunk_size, 1 if use_fused else _STATS_ROWS, src.vocab)
+    buf = None if use_fused else torch.empty((3, min(rows, n), src.vocab), dtype=torch.float32, device=src.device)
     sums = _Sums((n,), src.device, toks is not None)
     tok_valid = toks[b_all, t_all] if toks is not None else None
     for start in range(0, n, rows):
         blk = slice(start, start + rows)
+        z = src.rows(flat[blk], flat_host[blk])
+        tok_blk = tok_valid[blk] if toks is not None else None
+        if use_fused:
+            if not sums.fill_fused(blk, z, inv_temp, tok_blk):
+                return False
+            continue
         planes = buf[:, : flat[blk].numel()]
-        m = _shift_exp(src.rows(flat[blk], flat_host[blk]), inv_temp, planes[1], planes[0])
-        sums.fill(blk, planes, m, tok_valid[blk] if toks is not None else None)
+        m = _shift_exp(z, inv_temp, planes[1], planes[0])
+        sums.fill(blk, planes, m, tok_blk)
     for name, value in sums.finish(torch.ones(n, dtype=torch.bool, device=src.device)).items():
         if value is not None:
             out[name][b_all, t_all] = value
+    return True
 
 
 def _valid_rows(valid: Tensor) -> tuple[Tensor, Tensor]:
@@ -181,20 +216,26 @@ def _valid_rows(valid: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _stats_by_positions(
-    src: LogitsSource, valid: Tensor, toks, groups: Tensor, inv_temp: float, chunk_size: int, out: dict
-) -> None:
+    src: LogitsSource, valid: Tensor, toks, groups: Tensor, inv_temp: float, chunk_size: int, out: dict,
+    use_fused: bool,
+) -> bool:
     """With JS: blocks of positions × all B rows, so each group's rollouts sit side by side.
 
     JS(p‖P̄) = H(M) − ½H(p) − ½H(P̄) with M = ½(p + P̄). One small batched matmul per block
-    gives every row's M and every group's P̄ straight from exp(s) (the 1/Σe folded into it).
+    gives every row's M and every group's P̄ straight from exp(s) (the 1/Σe folded into it); the
+    fused path does the same in a compiled kernel when the groups are runs of equal size (the
+    usual layout; others take the eager path). False: the fused kernel could not run.
     """
     batch, vocab, device = src.batch, src.vocab, src.device
     positions = valid.any(0).nonzero().squeeze(1)  # only positions some row needs
     positions_host = positions.cpu()
     n_pos = positions.numel()
     if n_pos == 0:
-        return
+        return True
     n_groups = int(groups.max()) + 1
+    if use_fused and _equal_runs(groups, n_groups):
+        return _stats_by_positions_fused(src, valid, toks, groups, n_groups, positions, positions_host,
+                                         inv_temp, chunk_size, out)
     onehot = torch.nn.functional.one_hot(groups, n_groups).to(torch.float32)  # [B, G]
     act = valid[:, positions].T.contiguous()  # [P, B]
     count = act.to(torch.float32) @ onehot  # [P, G] active rollouts per group and position
@@ -236,6 +277,14 @@ def _stats_by_positions(
         mixes = torch.bmm(mixing, e, out=free)
         neg_h[blk] = _sum_xlogx(mixes, log_buf[: c * width].view(c, width, vocab))
 
+    _finish_js(sums, act, neg_h, count, groups, positions, out)
+    return True
+
+
+def _finish_js(sums: _Sums, act: Tensor, neg_h: Tensor, count: Tensor, groups: Tensor, positions: Tensor,
+               out: dict) -> None:
+    """The statistics and JS from the per-position sums; written to out at the positions."""
+    batch = act.shape[1]
     stats = sums.finish(act)
     h_mix, h_mean = -neg_h[:, :batch], -neg_h[:, batch:]
     js = (h_mix - 0.5 * stats["entropy"] - 0.5 * h_mean[:, groups]).clamp_(0.0, math.log(2.0))
@@ -243,6 +292,47 @@ def _stats_by_positions(
     for name, value in stats.items():
         if value is not None:
             out[name][:, positions] = value.masked_fill(~act, 0.0).T
+
+
+def _equal_runs(groups: Tensor, n_groups: int) -> bool:
+    """Whether the rows come as n_groups runs of equal size, group 0 first (dense ids)."""
+    batch = groups.numel()
+    if batch % n_groups:
+        return False
+    expected = torch.arange(n_groups, device=groups.device).repeat_interleave(batch // n_groups)
+    return bool(torch.equal(groups, expected))
+
+
+def _stats_by_positions_fused(src: LogitsSource, valid: Tensor, toks, groups: Tensor, n_groups: int,
+                              positions: Tensor, positions_host: Tensor, inv_temp: float, chunk_size: int,
+                              out: dict) -> bool:
+    """The fused JS path: per block one kernel for the sums (writing e) and one for Σ x log x."""
+    batch, vocab, device = src.batch, src.vocab, src.device
+    n_pos, k = positions.numel(), batch // n_groups
+    act = valid[:, positions].T.contiguous()  # [P, B]
+    count = act.to(torch.float32).view(n_pos, n_groups, k).sum(-1)  # [P, G]
+    mean_weight = act / count.clamp(min=1)[:, groups]  # [P, B]; 0 when inactive
+    per_block = _block_rows(chunk_size, batch, vocab)  # scratch: e, B rows per position
+    e_buf = torch.empty((per_block * batch, vocab), dtype=torch.float32, device=device)
+    sums = _Sums((n_pos, batch), device, toks is not None)
+    neg_h = torch.empty((n_pos, batch + n_groups), dtype=torch.float32, device=device)
+    toks_pos = toks[:, positions].T if toks is not None else None
+    for start in range(0, n_pos, per_block):
+        blk = slice(start, start + per_block)
+        t_pos = positions[blk]
+        c = t_pos.numel()
+        e = e_buf[: c * batch].view(c, batch, vocab)
+        z = src.block(t_pos, positions_host[blk])  # [c, B, V]
+        if not sums.fill_fused(blk, z, inv_temp, toks_pos[blk] if toks is not None else None, e_out=e):
+            return False
+        inv_s1 = sums.s1[blk].reciprocal().masked_fill_(~act[blk], 0.0)
+        got = _fused.js(e.view(c, n_groups, k, vocab), inv_s1.view(c, n_groups, k),
+                        (mean_weight[blk] * inv_s1).view(c, n_groups, k))
+        if got is None:
+            return False
+        neg_h[blk, :batch], neg_h[blk, batch:] = got[0].view(c, batch), got[1]
+    _finish_js(sums, act, neg_h, count, groups, positions, out)
+    return True
 
 
 def _sum_xlogx(x: Tensor, buf: Tensor) -> Tensor:
