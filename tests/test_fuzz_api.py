@@ -21,6 +21,9 @@ import requests
 import schemathesis
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance, response_headers_conformance, response_schema_conformance, status_code_conformance,
+)
 from starlette.testclient import TestClient
 
 from collector_util import ServeProcess
@@ -33,6 +36,8 @@ from fuzz_util import (
     json_body, run_bodies, run_rows, valid_arrow, valid_batches,
 )
 
+RESPONSE_CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance,
+                   response_headers_conformance]
 BASE = "http://127.0.0.1:8050"          # the Host the in-process client sends: a loopback name
 JSON = {"Content-Type": "application/json"}
 ARROW = {"Content-Type": ARROW_MEDIA_TYPE}
@@ -121,6 +126,26 @@ def test_every_reference_in_the_openapi_document_resolves(api):
     assert body["schema"]["properties"]["scalars"]["items"]["properties"]["value"]["type"] == "number"
 
 
+def test_the_openapi_document_declares_the_errors_the_collector_answers(api):
+    # it declared only 200 and FastAPI's list-shaped 422, while every error is {"detail": "text"}
+    spec = api.app.openapi()
+    error = {"$ref": "#/components/schemas/Error"}
+    assert spec["components"]["schemas"]["Error"]["properties"]["detail"]["type"] == "string"
+    for path, operations in spec["paths"].items():
+        for method, op in operations.items():
+            for status in ("400", "401", "403", "404", "409", "413", "415", "422", "503", "507"):
+                if path == "/api/health" and status == "503":
+                    continue
+                assert op["responses"][status]["content"]["application/json"]["schema"] == error, (method, path, status)
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+    schema = schemathesis.openapi.from_dict(spec)
+    operation = schema["/api/runs/{run_id}/counts"]["GET"]
+    case = operation.Case(path_parameters={"run_id": "nope"})
+    resp = api.client.get("/api/runs/nope/counts")
+    assert resp.status_code == 404
+    case.validate_response(resp, checks=RESPONSE_CHECKS)       # raised: 404 undeclared
+
+
 def _prepare(case) -> requests.PreparedRequest:
     kwargs = case.as_transport_kwargs(base_url=BASE)
     fields = {k: kwargs[k] for k in ("method", "url", "headers", "params", "json", "data", "files", "cookies")
@@ -148,6 +173,9 @@ def test_every_openapi_operation_answers_without_a_5xx_and_refusals_store_nothin
         resp = api.client.request(request.method, request.url, headers=dict(request.headers), content=request.body)
         what = f"{request.method} {request.url} {(request.body or b'')[:300]!r}"
         check_answer(resp, what)
+        # every answer is one the document declares, in the shape it declares ({"detail": text}
+        # for errors): generated clients parse what they were told to expect
+        case.validate_response(resp, checks=RESPONSE_CHECKS)
         seen.add((case.operation.method.upper(), case.operation.path))
         after = fingerprint(api.store)
         if request.method not in WRITES or resp.status_code >= 300:

@@ -22,8 +22,10 @@ from starlette.requests import ClientDisconnect
 
 from forksight.base.limits import BATCH_ID_RE, MAX_RANK, limits
 from forksight.base.errors import ApiError, unknown_run, validation_message
-from forksight.monitor.collector.ingest import Ingest, ingest_impl, json_records, parse_arrow_tokens, require_run
+from forksight.monitor.collector.bodies import json_records, parse_arrow_tokens
+from forksight.monitor.collector.ingest import Ingest, ingest_impl, require_run
 from forksight.monitor.collector.faults import StoreUnavailable
+from forksight.monitor.collector.openapi_errors import declare_errors
 from forksight.monitor.collector.routes_read import read_routes
 from forksight.base.constants import ARROW_MEDIA_TYPE
 from forksight.monitor.collector.schema import Batch, RunCreate, RunUpdate, inline_json_schema
@@ -180,5 +182,6 @@ def create_api(store: Store, *, hub=None) -> FastAPI:
         path = export_impl(store, run_id)
         return FileResponse(path, media_type="application/zip", filename=f"{run_id}-parquet.zip",
                             background=BackgroundTask(shutil.rmtree, os.path.dirname(path), True))
+    declare_errors(app)
     return app
 
