@@ -54,7 +54,7 @@ def _counts(http, run: str) -> dict:
 _PEAK = """
 import sys, pyarrow as pa
 from forksight.base.errors import ApiError
-from forksight.monitor.collector.ingest import parse_arrow_tokens
+from forksight.monitor.collector.bodies import parse_arrow_tokens
 try:
     parse_arrow_tokens(open(sys.argv[1], "rb").read(), 0)
     status = 200
