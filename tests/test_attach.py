@@ -152,3 +152,29 @@ def test_bad_arguments_say_what_to_do(tiny):
     with pytest.raises(ValueError, match="one entry per sample"):
         handle.log_samples(0, ["p", "q"], ["c"], [1.0], group_ids=[0])
     handle.detach()
+
+
+def test_an_integration_hands_its_row_map_to_the_handle_at_construction(tiny, tmp_path):
+    from forksight.hooks.capture.attach import AttachHandle, Integration
+
+    model, tokenizer = tiny
+    enc, labels = _batch(tokenizer)
+    sink = LocalSink(str(tmp_path / "rows.duckdb"), "rows")
+    forwards = []
+
+    def reversed_rows(input_ids):           # as TRL's shuffled micro-batches: row b is sample 3 - b
+        forwards.append(input_ids.shape[0])
+        return list(range(input_ids.shape[0]))[::-1]
+    handle = AttachHandle(model, sink, owns_sink=False, group_size=2, sample=2, js_groups=0,
+                          integration=Integration(row_index=reversed_rows, num_rows=lambda: 4))
+    model(**enc, labels=labels).loss.backward()
+    handle.detach()
+    sink.flush()
+    target = labels[:, 1:].numpy()
+    tokens = sink.reader.read_tokens(sink.run_id, 0)
+    assert forwards == [4]
+    for s in range(4):
+        row = 3 - s
+        stored = tokens[tokens.sample_id == s].sort_values("pos").token_id.tolist()
+        assert stored == target[row][target[row] != -100].tolist()
+    sink.finish()

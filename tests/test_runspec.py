@@ -55,3 +55,13 @@ def test_the_door_turns_a_name_into_the_nearest_valid_id_and_a_spec_into_a_valid
     assert (spec.rank, spec.resume) == (1, False)                              # the original is untouched
     with pytest.raises(ValidationError, match="rank"):
         spec.replace(rank=-3)                                                  # a copy is validated too
+
+
+def test_fields_given_as_none_leave_the_spec_alone_and_filled_only_fills_what_is_unset():
+    spec = RunSpec(name="exp", project="p", model="mine", config={"lr": 0.1, "vocab_size": 7})
+    assert RunSpec.of(spec, project=None, config=None) is spec
+    filled = spec.filled(strategy="trl-grpo", model="from-trainer", config={"vocab_size": 311, "beta": 0.0})
+    assert (filled.strategy, filled.model) == ("trl-grpo", "mine")            # the spec's own value wins
+    assert filled.config == {"vocab_size": 7, "beta": 0.0, "lr": 0.1}          # defaults under the spec's keys
+    bare = RunSpec(name="exp").filled(model="tiny", config={"vocab_size": 311})
+    assert (bare.model, bare.config) == ("tiny", {"vocab_size": 311})

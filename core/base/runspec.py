@@ -45,7 +45,8 @@ class RunSpec(BaseModel):
     def of(cls, run: "str | RunSpec", **fields: Any) -> "RunSpec":
         """The door: a name (one that is not a valid run id, e.g. TRL's default run_name, an output
         dir path, becomes its nearest valid id, with a warning) or a spec, plus fields that replace
-        the spec's."""
+        the spec's (fields given as None are left out: the spec's value, or the default, stays)."""
+        fields = {k: v for k, v in fields.items() if v is not None}
         if isinstance(run, RunSpec):
             return run.replace(**fields) if fields else run
         name = str(run)
@@ -57,6 +58,14 @@ class RunSpec(BaseModel):
     def replace(self, **fields: Any) -> "RunSpec":
         """A copy with `fields` changed, validated like a new spec."""
         return type(self)(**{**self.model_dump(), **fields})
+
+    def filled(self, **defaults: Any) -> "RunSpec":
+        """A copy whose unset (None) fields take `defaults`, as an integration fills in what it knows
+        (model, strategy); a default config goes under the spec's own (the spec's keys win)."""
+        update = {k: v for k, v in defaults.items() if getattr(self, k) is None}
+        if defaults.get("config") is not None and self.config is not None:
+            update["config"] = {**defaults["config"], **self.config}
+        return self.replace(**update) if update else self
 
     def create_body(self) -> dict[str, Any]:
         """The run's fields as POST /api/runs takes them (unset ones left out)."""

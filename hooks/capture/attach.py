@@ -3,17 +3,36 @@ fused head's entropy/log p plus hidden states × W for sampled groups) into per-
 them; no_grad, detached, no hook returns a value (DESIGN.md "Where the per-token numbers come from")."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from forksight.base.interfaces import Sink
+from forksight.base.runspec import RunSpec
 from forksight.hooks.capture.forward import ForwardCapture
 from forksight.hooks.capture.forward_stats import ForwardRecord, ForwardStats
 from forksight.hooks.capture.report import StepReporter
 from forksight.hooks.capture.sample_log import SampleLog, sample_rows
 from forksight.hooks.capture.step_buffer import StepBuffer
+
+
+@dataclass(frozen=True)
+class Integration:
+    """What a trainer integration (TRL) knows about its training forwards, handed to AttachHandle at
+    construction. Plain `forksight.attach` needs none of it: rows in order, every token the model's."""
+
+    # input_ids -> sample index of each row (TRL: rows of the generation batch); None: rows in order
+    row_index: Callable[[Tensor], list[int] | None] | None = None
+    # (sample indices, width) -> [B, width] bool of tokens an environment wrote (tool output), right-aligned
+    env_mask: Callable[[list[int], int], Tensor | None] | None = None
+    # (entropy, mask) -> the tokens the trainer trains on
+    selection: Callable[[Tensor, Tensor], Tensor | None] | None = None
+    # -> the size of the sample index space now (TRL: the generation batch), or None
+    num_rows: Callable[[], int | None] | None = None
+    # the trainer logs the mean of its per-micro-batch means (TRL): compare like with like
+    per_forward_means: bool = False
 
 
 class AttachHandle:
@@ -25,7 +44,7 @@ class AttachHandle:
                  js_groups: int | str | None = None, js_budget: float = 0.02,
                  temperature: float = 1.0, chunk_size: int = 1024,
                  optimizer: torch.optim.Optimizer | None = None, auto_step: bool = True,
-                 start_step: int = 0):
+                 start_step: int = 0, integration: Integration = Integration()):
         if every < 1:
             raise ValueError(f"every must be >= 1 (report every N-th step), got {every}")
         if group_size is not None and group_size < 1:
@@ -42,56 +61,24 @@ class AttachHandle:
         self.every = every
         self.auto_step = auto_step and optimizer is None
         self.step = start_step  # the step being accumulated
-        # TRL logs each micro-batch's mean and averages those: integrations that compare with it set this
-        self.per_forward_means = False
-        self.buffer = StepBuffer()
+        self.integration = integration
+        self.buffer = StepBuffer(num_rows=integration.num_rows)
         self.samples = SampleLog(sink)
         self.capture = ForwardCapture(model, on_logits=self._on_logits, on_fused=self._on_fused,
                                       optimizer=optimizer, on_optimizer_step=self.flush)
         self.stats = ForwardStats(model, self.capture.head, group_size=group_size, js_groups=js_groups,
                                   js_budget=js_budget, temperature=temperature, chunk_size=chunk_size,
-                                  warn_once=self.capture.warn_once)
+                                  warn_once=self.capture.warn_once, row_index_fn=integration.row_index,
+                                  env_mask_fn=integration.env_mask, selection_fn=integration.selection)
 
-    # ------------------------------------------------------------------ what integrations set
     @property
     def enabled(self) -> bool:
+        """Per-token capture on/off at run time (an integration's switch; the benchmark toggles it)."""
         return self.capture.enabled
 
     @enabled.setter
     def enabled(self, on: bool) -> None:
         self.capture.enabled = on
-
-    @property
-    def row_index_fn(self) -> Callable[[Tensor], list[int] | None] | None:
-        return self.stats.row_index_fn
-
-    @row_index_fn.setter
-    def row_index_fn(self, fn) -> None:
-        self.stats.row_index_fn = fn
-
-    @property
-    def selection_fn(self) -> Callable[[Tensor, Tensor], Tensor | None] | None:
-        return self.stats.selection_fn
-
-    @selection_fn.setter
-    def selection_fn(self, fn) -> None:
-        self.stats.selection_fn = fn
-
-    @property
-    def env_mask_fn(self) -> Callable[[list[int], int], Tensor | None] | None:
-        return self.stats.env_mask_fn
-
-    @env_mask_fn.setter
-    def env_mask_fn(self, fn) -> None:
-        self.stats.env_mask_fn = fn
-
-    @property
-    def num_rows(self) -> int | None:
-        return self.buffer.num_rows
-
-    @num_rows.setter
-    def num_rows(self, n: int | None) -> None:
-        self.buffer.num_rows = n
 
     # ------------------------------------------------------------------ forwards
     def _on_logits(self, ctx: dict, logits: Tensor) -> None:
@@ -130,11 +117,7 @@ class AttachHandle:
         if not records or step % self.every:
             return None
         return self.buffer.report(self.reporter, step, records, group_size=self.group_size, extra=extra,
-                                  advantages=advantages, per_forward_means=self.per_forward_means)
-
-    def set_step(self, step: int) -> None:
-        """Use your loop's step counter for the forwards that follow."""
-        self.step = int(step)
+                                  advantages=advantages, per_forward_means=self.integration.per_forward_means)
 
     # ------------------------------------------------------------------ lifetime
     def detach(self, finish: bool | None = None) -> None:
@@ -155,24 +138,25 @@ class AttachHandle:
             self.sink.finish(status="crashed" if exc_type else "finished")
 
 
-def attach(model: torch.nn.Module, run: str = "run", *, url: str | None = None, db: str | None = None,
-           sink=None, tokenizer=None, sample: int = 1, every: int = 1, group_size: int | None = None,
+def attach(model: torch.nn.Module, run: str | RunSpec = "run", *, url: str | None = None, db: str | None = None,
+           sink: Sink | None = None, tokenizer=None, sample: int = 1, every: int = 1, group_size: int | None = None,
            js_groups: int | str | None = None, js_budget: float = 0.02, temperature: float = 1.0,
            chunk_size: int = 1024, optimizer: torch.optim.Optimizer | None = None,
-           project: str = "default", stop_on_alert: bool = False, config: dict | None = None) -> AttachHandle:
+           project: str | None = None, stop_on_alert: bool = False, config: dict | None = None) -> AttachHandle:
     """Watch any HF causal LM / PyTorch LM: per-token stats of every training forward go to forksight.
 
     One step per training forward (or per `optimizer.step()` when optimizer is given); rewards
     and verdicts join with `handle.log_samples(...)`. `sample` groups keep per-token rows per step.
+    `run`: a name or a RunSpec; project/stop_on_alert/config given here replace the spec's.
     """
     from forksight.monitor.sinks.client import open_sink
 
     owns = sink is None
     if sink is None:
-        sink = open_sink(run=run, url=url, db=db, project=project, stop_on_alert=stop_on_alert,
-                         model=getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__,
-                         config={"vocab_size": getattr(getattr(model, "config", None), "vocab_size", None),
-                                 **(config or {})})
+        spec = RunSpec.of(run, project=project, stop_on_alert=stop_on_alert or None, config=config).filled(
+            model=getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__,
+            config={"vocab_size": getattr(getattr(model, "config", None), "vocab_size", None)})
+        sink = open_sink(spec, url=url, db=db)
     return AttachHandle(model, sink, tokenizer=tokenizer, owns_sink=owns, group_size=group_size, sample=sample,
                         every=every, js_groups=js_groups, js_budget=js_budget, temperature=temperature,
                         chunk_size=chunk_size, optimizer=optimizer)

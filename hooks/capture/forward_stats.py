@@ -40,21 +40,24 @@ def _first_valid_column(mask: Tensor) -> int:
 
 
 class ForwardStats:
-    """Turns captured forwards into `ForwardRecord`s; integrations (TRL) set the three callbacks."""
+    """Turns captured forwards into `ForwardRecord`s; integrations (TRL) hand in the three callbacks."""
 
     def __init__(self, model: torch.nn.Module, head: torch.nn.Module, *, group_size: int | None,
                  js_groups: int | str | None, js_budget: float, temperature: float, chunk_size: int,
-                 warn_once: Callable[[str, str], None]):
+                 warn_once: Callable[[str, str], None],
+                 row_index_fn: Callable[[Tensor], list[int] | None] | None = None,
+                 env_mask_fn: Callable[[list[int], int], Tensor | None] | None = None,
+                 selection_fn: Callable[[Tensor, Tensor], Tensor | None] | None = None):
         self.model, self.head = model, head
         self.group_size, self.js_groups, self.js_budget = group_size, js_groups, js_budget
         self.temperature, self.chunk_size = temperature, chunk_size
         self.warn_once = warn_once
         # input_ids -> sample index of each row (TRL: rows of the generation batch), None = in order
-        self.row_index_fn: Callable[[Tensor], list[int] | None] | None = None
+        self.row_index_fn = row_index_fn
         # (sample indices, width) -> [B, width] bool of environment tokens, right-aligned with the completion
-        self.env_mask_fn: Callable[[list[int], int], Tensor | None] | None = None
+        self.env_mask_fn = env_mask_fn
         # (entropy, mask) -> the tokens the trainer trains on
-        self.selection_fn: Callable[[Tensor, Tensor], Tensor | None] | None = None
+        self.selection_fn = selection_fn
         self._js_credit = 0.0
 
     # ------------------------------------------------------------------ rows and groups

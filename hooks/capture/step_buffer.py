@@ -3,7 +3,7 @@ tensors (rows a forward never saw stay masked out), then handed to the `StepRepo
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -15,9 +15,9 @@ from forksight.hooks.capture.forward_stats import ForwardRecord
 class StepBuffer:
     """The forwards of the step being accumulated."""
 
-    def __init__(self):
+    def __init__(self, num_rows: Callable[[], int | None] | None = None):
         self.records: list[ForwardRecord] = []
-        self.num_rows: int | None = None  # size of the sample index space (TRL: generation batch)
+        self.num_rows = num_rows  # -> size of the sample index space now (TRL: the generation batch)
 
     def add(self, record: ForwardRecord) -> None:
         self.records.append(record)
@@ -34,7 +34,8 @@ class StepBuffer:
         """Scatter the records into one batch and report it; returns the step's scalars."""
         width = max(r.mask.shape[1] for r in records)
         index = [i for r in records for i in r.index]
-        size = max(max(index) + 1, self.num_rows or 0, len(index)) if index else 0
+        known = self.num_rows() if self.num_rows is not None else None
+        size = max(max(index) + 1, known or 0, len(index)) if index else 0
         device = records[0].mask.device
 
         def gather(name: str, fill, dtype) -> Tensor:

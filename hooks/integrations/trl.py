@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from forksight.hooks.capture.attach import AttachHandle
+from forksight.base.runspec import RunSpec
+from forksight.hooks.capture.attach import AttachHandle, Integration
 from forksight.hooks.metrics.passk import pass_at_k_groups
 from forksight.hooks.capture.sample_log import as_text
 from forksight.hooks.metrics.summary import group_scalars
@@ -53,8 +54,8 @@ def _eval_key(key: str, prefix: str | None) -> str:
 class ForksightCallback(TrainerCallback):
     """Streams a GRPOTrainer run to forksight; add it with `forksight.trl.attach(trainer, ...)`."""
 
-    def __init__(self, *, sink=None, db: str | None = None, url: str | None = None, run: str | None = None,
-                 project: str = "default", stop_on_alert: bool = False, js_groups: int | str | None = None,
+    def __init__(self, *, sink=None, db: str | None = None, url: str | None = None, run: str | RunSpec | None = None,
+                 project: str | None = None, stop_on_alert: bool = False, js_groups: int | str | None = None,
                  js_budget: float = 0.02, sample: int = 1, every: int = 1, chunk_size: int = 1024,
                  correct_threshold: float = 1.0, correct_reward: str | None = None):
         self._sink_arg, self.db, self.url, self.run = sink, db, url, run
@@ -108,7 +109,6 @@ class ForksightCallback(TrainerCallback):
         from forksight.monitor.sinks.client import open_sink
 
         args = trainer.args
-        run = self.run or getattr(args, "run_name", None) or "trl-grpo"
         model = trainer.model
         config = {"trl": version, "num_generations": trainer.num_generations,
                   "temperature": trainer.temperature, "top_entropy_quantile": trainer.top_entropy_quantile,
@@ -117,10 +117,11 @@ class ForksightCallback(TrainerCallback):
                   "per_device_train_batch_size": args.per_device_train_batch_size,
                   "world_size": trainer.accelerator.num_processes,
                   "vocab_size": getattr(model.config, "vocab_size", None)}  # the explosion detector's log|V|
-        return open_sink(run=run, url=self.url, db=self.db, project=self.project, strategy="trl-grpo",
-                         model=getattr(model.config, "_name_or_path", None) or type(model).__name__,
-                         config=config, rank=trainer.accelerator.process_index,
-                         stop_on_alert=self.stop_on_alert)
+        run = self.run or getattr(args, "run_name", None) or "trl-grpo"   # a RunSpec, or a name
+        spec = RunSpec.of(run, project=self.project, stop_on_alert=self.stop_on_alert or None).filled(
+            strategy="trl-grpo", model=getattr(model.config, "_name_or_path", None) or type(model).__name__,
+            config=config).replace(rank=trainer.accelerator.process_index)
+        return open_sink(spec, url=self.url, db=self.db)
 
     def _install(self, trainer, accel) -> None:
         if self.correct_reward and self.correct_reward not in trainer.reward_func_names:
@@ -128,13 +129,14 @@ class ForksightCallback(TrainerCallback):
                              f"({trainer.reward_func_names}); pass one of those names or leave it None")
         model = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+        rows = Integration(row_index=self._rows.lookup, env_mask=self._rows.env_mask,
+                           num_rows=lambda: self._rows.size or None,  # the generation batch, once one is seen
+                           per_forward_means=True)  # TRL logs the mean of its per-micro-batch means
         self.handle = AttachHandle(model, self.sink, tokenizer=tokenizer, owns_sink=False,
                                    group_size=trainer.num_generations, sample=self.sample, every=self.every,
                                    js_groups=self.js_groups, js_budget=self.js_budget,
-                                   temperature=trainer.temperature, chunk_size=self.chunk_size, auto_step=False)
-        self.handle.row_index_fn = self._rows.lookup
-        self.handle.env_mask_fn = self._rows.env_mask
-        self.handle.per_forward_means = True  # TRL logs the mean of its per-micro-batch means
+                                   temperature=trainer.temperature, chunk_size=self.chunk_size, auto_step=False,
+                                   integration=rows)
         if trainer.top_entropy_quantile < 1.0:
             original_mask = trainer.get_high_entropy_mask
 
@@ -208,7 +210,6 @@ class ForksightCallback(TrainerCallback):
             return
         offset = accel.process_index * local
         self._rows.index(out["prompt_ids"], out["completion_ids"], offset, size, out.get("tool_mask"))
-        self.handle.num_rows = size
         self._advantages = [float(a) for a in list(logs["advantages"])[-n:]]
         # _logs is gathered over ranks: each rank stores its own rows (with their lengths), rank 0
         # the reward scalars and pass@k of all of them
