@@ -12,6 +12,7 @@ from dash import Input, Output, State, dash_table, dcc, html
 from forksight.base.interfaces import Reader
 from forksight.dashboard import data
 from forksight.dashboard.figures import sparkline
+from forksight.dashboard.text import store_note, visible
 from forksight.dashboard.verdict import CHIP_COLORS, STATES, verdicts_of_runs
 
 REFRESH_MS = 3000
@@ -51,9 +52,9 @@ def runs_rows(reader: Reader, prefix: str = "/") -> list[dict]:
         counts_text = " · ".join(t for t in (f"{crit} critical" if crit else "",
                                              f"{warn} warning" if warn else "") if t)
         rows.append({
-            "id": rid, "name": run.get("name") or rid, "health": health[rid].label,
+            "id": rid, "name": visible(run.get("name") or rid), "health": health[rid].label,
             "health_why": health[rid].why, "status": run.get("status") or "?",
-            "strategy": run.get("strategy") or "", "model": run.get("model") or "",
+            "strategy": visible(run.get("strategy")), "model": visible(run.get("model")),
             "last_step": None if pd.isna(run.get("last_step")) else int(run["last_step"]),
             "entropy": _num(ent[-1]) if ent else None, "trend": sparkline(ent),
             "pass1": _num(p1[-1]) if p1 else None,
@@ -66,6 +67,7 @@ def runs_rows(reader: Reader, prefix: str = "/") -> list[dict]:
 def layout(**_query) -> html.Div:
     return html.Div([
         html.H2("Runs"),
+        html.Div(_store_note(data.reader()), id="runs-store-note", className="store-note", role="alert"),
         html.Div(className="controls", children=[
             html.Span("Filter: type in the row under the headers (e.g. fork, live). "
                       "Click a run to open it; tick rows to compare them."),
@@ -108,6 +110,11 @@ def register(app: dash.Dash) -> None:
     def refresh(_n):
         return runs_rows(data.reader(), dash.get_relative_path("/"))
 
+    @app.callback(Output("runs-store-note", "children"), Input("runs-tick", "n_intervals"),
+                  prevent_initial_call=True)
+    def store_state(_n):
+        return _store_note(data.reader())
+
     @app.callback(Output("nav-location", "href", allow_duplicate=True),
                   Input("runs-table", "active_cell"), State("runs-table", "derived_viewport_data"),
                   prevent_initial_call=True)
@@ -128,6 +135,12 @@ def register(app: dash.Dash) -> None:
         ids = [row["id"] for row in (_row(rows, i) for i in selected or []) if row is not None]
         query = quote(",".join(ids)) if ids else ""
         return dash.get_relative_path(f"/compare?runs={query}")
+
+
+def _store_note(reader) -> str:
+    """Rows lost from the file (until acknowledged) or why the store cannot write; "" if none."""
+    health = getattr(reader, "store_health", None)
+    return store_note(health(wait=0.0)) if callable(health) else ""
 
 
 def _row(rows: list[dict] | None, index) -> dict | None:

@@ -1,0 +1,67 @@
+"""Run metadata with bidi or zero-width characters is shown escaped in the runs table, and rows
+lost from the file (a truncated .wal) are reported by /api/health and on the runs page, across
+restarts, until someone acknowledges them."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+
+from collector_util import InProcessCollector
+from forksight.dashboard.pages.runs import _store_note, runs_rows
+from forksight.dashboard.text import visible
+from forksight.monitor.collector.store import Store
+
+
+def test_bidi_and_zero_width_characters_are_shown_as_escapes_and_other_text_as_is():
+    assert visible("ict\u202egnp.exe") == "ict\\u202egnp.exe"
+    assert visible("a\u200bb\u200dc\ufeffd\u2066e\u2069") == "a\\u200bb\\u200dc\\ufeffd\\u2066e\\u2069"
+    assert visible("tab\there\x1b[31m") == "tab\\u0009here\\u001b[31m"
+    assert visible("模型 café Ω") == "模型 café Ω" and visible(None) == "" and visible("plain") == "plain"
+
+
+def test_the_runs_table_shows_run_metadata_escaped(tmp_path):
+    with Store(tmp_path / "t.duckdb") as store:
+        store.create_run("bidi", strategy="ict\u202egnp.exe", model="qwen\u200b-0.5b")
+        row = next(r for r in runs_rows(store.reader) if r["id"] == "bidi")
+        assert (row["strategy"], row["model"]) == ("ict\\u202egnp.exe", "qwen\\u200b-0.5b")
+        assert store.reader.run("bidi")["strategy"] == "ict\u202egnp.exe"     # stored and served verbatim
+
+
+_CRASH = """
+import os, sys, numpy as np
+from forksight.base.records import Records, tokens_table
+from forksight.monitor.collector.store import Store
+store = Store(sys.argv[1])
+run = store.create_run("wal")
+for step in range(4):
+    n = 50_000
+    store.write(run, Records(tokens=tokens_table({"sample_id": np.arange(n), "pos": np.zeros(n, np.int32)},
+                                                 step=step))).result()
+os._exit(0)
+"""
+
+
+def test_rows_lost_with_a_truncated_wal_are_reported_until_acknowledged(tmp_path):
+    db = tmp_path / "w.duckdb"
+    subprocess.run([sys.executable, "-c", _CRASH, str(db)], check=True)
+    wal = tmp_path / "w.duckdb.wal"
+    with open(wal, "r+b") as f:
+        f.truncate(wal.stat().st_size // 2)
+    with Store(db) as store:
+        lost = 200_000 - store.reader.row_counts("wal")["tokens"]
+        assert lost > 0 and store.lost_rows == store.missing_rows == {"tokens": lost}
+    for _ in range(2):                                   # the next starts remember it (they forgot it)
+        with InProcessCollector(db, dashboard=False) as srv:
+            health = httpx.get(srv.url + "/api/health").json()
+            assert health["store"]["lost_rows"] == {"tokens": lost} and health["store"]["lost_since"]
+            note = _store_note(srv.collector.store.reader)
+            assert f"{lost} tokens row(s)" in note and "/api/lost_rows/acknowledge" in note
+    with InProcessCollector(db, dashboard=False) as srv:
+        ack = httpx.post(srv.url + "/api/lost_rows/acknowledge")
+        assert ack.status_code == 200 and ack.json() == {"acknowledged": {"tokens": lost}}
+        assert httpx.get(srv.url + "/api/health").json()["store"]["lost_rows"] == {}
+        assert _store_note(srv.collector.store.reader) == ""
+    with Store(db) as store:
+        assert store.lost_rows == {} and store.missing_rows == {}
