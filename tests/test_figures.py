@@ -180,7 +180,8 @@ def test_compare_colours_by_strategy():
             for i, (r, s) in enumerate([("a", "all"), ("b", "fork"), ("c", "fork")])]
     fig = C.compare_figure(runs)
     go.Figure(fig)
-    colours = {t["meta"]["run"]: t["line"]["color"] for t in fig["data"]}
+    colours = {t["meta"]["run"]: t["line"]["color"] for t in fig["data"]
+               if t["meta"]["role"] == "compare"}
     assert colours["b"] == colours["c"] == F.strategy_color("fork") != colours["a"]
 
 

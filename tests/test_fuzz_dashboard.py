@@ -27,7 +27,7 @@ from synthetic import seed_run
 
 BASE = "http://127.0.0.1:8050"
 ROUTE = "/_dash-update-component"
-PAGES = ("/", "/run", "/tokens", "/compare")
+PAGES = ("/", "/run", "/tokens", "/compare", "/alerts")
 EMPTY = "empty-run"                     # a run with no steps yet
 
 
@@ -188,7 +188,32 @@ def test_runs_table_and_compare_answer_any_selection(dash, data):
         "cmp-runs.value": data.draw(st.one_of(st.none(), run_ids(dash),
                                               st.lists(run_ids(dash), max_size=4))),
         "cmp-smoothing.value": data.draw(st.one_of(st.none(), st.floats(0, 0.99))),
+        "cmp-panels.value": data.draw(st.one_of(st.none(), st.lists(
+            st.sampled_from([*dash.keys, "gap", "no/such/key"]), max_size=5))),
+        "cmp-logy.value": data.draw(st.one_of(st.none(), st.sampled_from([[], ["log"]]))),
+        "cmp-xaxis.value": data.draw(st.sampled_from([None, "step", "wall"])),
         "cmp-tick.n_intervals": data.draw(maybe_int(0))}), "compare figure")
+
+
+# ---------------------------------------------------------------------------- alerts view
+@budget(30)
+@given(data=st.data())
+def test_alerts_view_answers_any_filter_and_page(dash, data):
+    values = {
+        "alerts-run.value": data.draw(st.one_of(st.none(), st.lists(run_ids(dash), max_size=3))),
+        "alerts-severity.value": data.draw(st.one_of(st.none(), st.lists(
+            st.sampled_from(["critical", "warning", "bogus"]), max_size=3))),
+        "alerts-detector.value": data.draw(st.one_of(st.none(), st.lists(
+            st.sampled_from(["entropy_collapse", "covariance", "nope"]), max_size=3))),
+        "alerts-prev.n_clicks": data.draw(maybe_int(0)),
+        "alerts-next.n_clicks": data.draw(maybe_int(0)),
+        "alerts-tick.n_intervals": data.draw(maybe_int(0)),
+        "alerts-offset.data": data.draw(st.one_of(st.none(), maybe_int(-5, 10**6))),
+    }
+    changed = data.draw(st.sampled_from(["alerts-run.value", "alerts-next.n_clicks",
+                                         "alerts-prev.n_clicks", "alerts-tick.n_intervals"]))
+    answered(dash.fire(dash.dep(output_has="alerts-table.children"), values, changed),
+             f"alerts {values}")
 
 
 def test_a_callback_that_raises_is_logged_and_answered_400(dash, caplog):

@@ -109,7 +109,7 @@ def register(app: dash.Dash) -> None:
                   Input("alerts-next", "n_clicks"), Input("alerts-tick", "n_intervals"),
                   State("alerts-offset", "data"))
     def show(run_ids, severities, detectors, _prev, _next, _tick, offset):
-        offset = int(offset or 0)
+        offset = max(0, int(offset or 0))
         trigger = ctx.triggered_id
         if trigger == "alerts-next":
             offset += PAGE_SIZE

@@ -1,61 +1,113 @@
-"""Compare page: several runs overlaid (e.g. `all` vs `fork` vs `ict`), colour by strategy."""
+"""Compare page: several runs overlaid (e.g. `all` vs `fork` vs `ict`), colour by strategy,
+each run's health in the legend, its alerts and forecast drawn; pick the metrics, log y, step
+or wall-time axis; panels that are zero in every run are hidden and named."""
 from __future__ import annotations
 
 import dash
 from dash import Input, Output, dcc, html
 
-from forksight.base.interfaces import Reader
 from forksight.dashboard import data
-from forksight.dashboard.compare_figures import COMPARE_PANELS, compare_figure
+from forksight.dashboard.alerts_view import read_verdicts, verdict_chip
+from forksight.dashboard.compare_figures import COMPARE_PANELS, GAP, compare_figure
 from forksight.dashboard.figures import pass_keys
 
 REFRESH_MS = 5000
 MAX_RUNS = 12
+MAX_PANELS = 8
 
 
-def compare_runs(reader: Reader, run_ids: list[str], smoothing: float = 0.0,
-                 max_points: int = 1000) -> dict:
-    """The overlay figure for these runs (unknown ids are skipped)."""
+def compare_runs(reader, run_ids: list[str], smoothing: float = 0.0, max_points: int = 1000,
+                 panels=COMPARE_PANELS, log_y: bool = False, x_axis: str = "step",
+                 verdicts: dict | None = None) -> dict:
+    """The overlay figure for these runs (unknown ids are skipped), with their verdicts."""
     runs = reader.list_runs().set_index("run_id")
+    ids = [rid for rid in run_ids[:MAX_RUNS] if rid in runs.index]
+    if verdicts is None:
+        verdicts = read_verdicts(reader, ids) if ids else {}
     picked = []
-    for rid in run_ids[:MAX_RUNS]:
-        if rid not in runs.index:
-            continue
+    for rid in ids:
         keys = reader.scalar_keys(rid)
-        wanted = [k for k in COMPARE_PANELS if k != "gap"] + pass_keys(keys)
+        wanted = [k for k in panels if k != GAP] + (pass_keys(keys) if GAP in panels else [])
         picked.append({"run_id": rid, "label": runs.at[rid, "name"],
-                       "strategy": runs.at[rid, "strategy"],
+                       "strategy": runs.at[rid, "strategy"], "verdict": verdicts.get(rid),
+                       "alerts": reader.read_alerts(rid),
                        "scalars": reader.read_scalars(rid, keys=wanted, downsample=max_points)})
-    return compare_figure(picked, smoothing=smoothing)
+    return compare_figure(picked, panels=list(panels) or COMPARE_PANELS, smoothing=smoothing,
+                          log_y=log_y, x_axis=x_axis)
+
+
+def metric_options(reader, run_ids: list[str]) -> list[dict]:
+    """Every scalar key of the chosen runs, plus the diversity gap."""
+    keys = sorted({k for rid in run_ids[:MAX_RUNS] for k in reader.scalar_keys(rid)})
+    return [{"label": "pass@G − pass@1 (gap)", "value": GAP}] + \
+        [{"label": k, "value": k} for k in keys]
 
 
 def layout(runs: str | None = None, **_query) -> html.Div:
-    table = data.reader().list_runs()
+    reader = data.reader()
+    table = reader.list_runs()
     options = [{"label": f"{r['name']} · {r.get('strategy') or '–'}", "value": r["run_id"]}
                for r in table.to_dict("records")]
-    chosen = [r for r in (runs or "").split(",") if r] or [o["value"] for o in options[:3]]
+    asked = [r for r in (runs or "").split(",") if r]
+    known = {o["value"] for o in options}
+    unknown = [r for r in asked if r not in known]
+    chosen = [r for r in asked if r in known] or [o["value"] for o in options[:3]]
     return html.Div([
         html.H2("Compare runs"),
+        html.P(f"no run named {', '.join(map(repr, unknown))}: left out", className="notice",
+               id="cmp-unknown") if unknown else None,
         html.Div(className="controls", children=[
             html.Div([html.Label("runs"), dcc.Dropdown(id="cmp-runs", options=options,
                                                        value=chosen, multi=True)],
                      className="control control-wide"),
+            html.Div([html.Label("metrics"), dcc.Dropdown(
+                id="cmp-panels", multi=True, value=list(COMPARE_PANELS),
+                options=metric_options(reader, chosen))], className="control control-wide"),
+        ]),
+        html.Div(className="controls", children=[
             html.Div([html.Label("smoothing (EMA)"),
                       dcc.Slider(id="cmp-smoothing", min=0, max=0.99, step=0.01, value=0.6,
                                  marks={0: "0", 0.6: "0.6", 0.99: ".99"})],
                      className="control control-wide"),
+            html.Div([html.Label("x axis"), dcc.RadioItems(
+                id="cmp-xaxis", inline=True, value="step",
+                options=[{"label": " step", "value": "step"},
+                         {"label": " wall time", "value": "wall"}])], className="control"),
+            html.Div([html.Label("y scale"), dcc.Checklist(
+                id="cmp-logy", options=[{"label": " log y", "value": "log"}], value=[],
+                inline=True)], className="control"),
         ]),
+        html.Div(id="cmp-verdicts", className="verdicts"),
         dcc.Graph(id="cmp-figure", config={"displaylogo": False}),
         dcc.Interval(id="cmp-tick", interval=REFRESH_MS),
     ])
 
 
 def register(app: dash.Dash) -> None:
-    """The page and its callback on `app`."""
+    """The page and its callbacks on `app`."""
     dash.register_page(__name__, path="/compare", name="Compare", title="forksight · compare",
                        layout=layout)
 
-    @app.callback(Output("cmp-figure", "figure"), Input("cmp-runs", "value"),
-                  Input("cmp-smoothing", "value"), Input("cmp-tick", "n_intervals"))
-    def draw(run_ids, smoothing, _n):
-        return compare_runs(data.reader(), list(run_ids or []), float(smoothing or 0))
+    @app.callback(Output("cmp-figure", "figure"), Output("cmp-verdicts", "children"),
+                  Input("cmp-runs", "value"), Input("cmp-smoothing", "value"),
+                  Input("cmp-tick", "n_intervals"), Input("cmp-panels", "value"),
+                  Input("cmp-logy", "value"), Input("cmp-xaxis", "value"))
+    def draw(run_ids, smoothing, _n, panels, log_y, x_axis):
+        reader = data.reader()
+        ids = [r for r in (run_ids or []) if isinstance(r, str)]
+        panels = [p for p in (panels or []) if isinstance(p, str)][:MAX_PANELS] \
+            or list(COMPARE_PANELS)
+        x_axis = x_axis if x_axis in ("step", "wall") else "step"
+        runs = reader.list_runs()
+        ids = [r for r in ids if r in set(runs["run_id"])][:MAX_RUNS]
+        verdicts = read_verdicts(reader, ids) if ids else {}
+        fig = compare_runs(reader, ids, float(smoothing or 0), panels=panels,
+                           log_y=bool(log_y), x_axis=x_axis, verdicts=verdicts)
+        names = dict(zip(runs["run_id"], runs["name"]))
+        chips = [html.Span([html.Strong(names.get(rid, rid)), " ", verdict_chip(verdicts[rid])],
+                           className="verdict-item") for rid in ids if rid in verdicts]
+        return fig, chips
+
+    @app.callback(Output("cmp-panels", "options"), Input("cmp-runs", "value"))
+    def metrics(run_ids):
+        return metric_options(data.reader(), [r for r in (run_ids or []) if isinstance(r, str)])
