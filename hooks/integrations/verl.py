@@ -102,6 +102,7 @@ class ForksightLogger:
     """One verl Tracking backend: opens the sink, stores verl's metrics, reports each step."""
 
     def __init__(self, project_name: str, experiment_name: str, config: Mapping | None = None):
+        from forksight.base.runspec import RunSpec
         from forksight.monitor.sinks.client import open_sink
 
         self.settings = settings_from(config)
@@ -116,11 +117,11 @@ class ForksightLogger:
             log.warning("forksight: verl %s is unknown; streaming verl's logged metrics only", version)
         s = self.settings
         self.model_path = _select(config, "actor_rollout_ref.model.path")
-        self.sink = open_sink(run=s["run"] or experiment_name or "verl", url=s["url"], db=s["db"],
-                              project=s["project"] or project_name or "default",
-                              strategy=f"verl-{_select(config, 'algorithm.adv_estimator') or 'ppo'}",
-                              model=str(self.model_path) if self.model_path else None,
-                              config=_run_config(config, version or "?"), stop_on_alert=s["stop_on_alert"])
+        spec = RunSpec.of(s["run"] or experiment_name or "verl", project=s["project"] or project_name or "default",
+                          strategy=f"verl-{_select(config, 'algorithm.adv_estimator') or 'ppo'}",
+                          model=str(self.model_path) if self.model_path else None,
+                          config=_run_config(config, version or "?"), stop_on_alert=s["stop_on_alert"])
+        self.sink = open_sink(spec, url=s["url"], db=s["db"])
         self._reporter = None
         self._tokens: dict[str, Any] | None = None     # from _compute_old_log_prob, keyed by step
         self._batch: dict[str, Any] | None = None      # from compute_data_metrics
