@@ -56,7 +56,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from forksight.monitor.collector.dbfile import duckdb_config
     from forksight.monitor.collector.store import Store
 
-    token = args.token or os.environ.get("FORKSIGHT_TOKEN") or None
+    from forksight.base.env import token_or_env
+
+    token = token_or_env(args.token)
     try:
         check_bind(args.host, token)
     except ValueError as exc:

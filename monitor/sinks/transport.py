@@ -4,13 +4,13 @@ spool; counts what was acknowledged and what was refused for good."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from forksight.base.env import token_or_env
 from forksight.base.constants import ARROW_MEDIA_TYPE
 from forksight.monitor.sinks.spool import Item
 
@@ -71,7 +71,7 @@ class Reply:
 
 def bearer(token: str | None) -> dict[str, str]:
     """The Authorization header for `token`, or $FORKSIGHT_TOKEN; none without either."""
-    token = token or os.environ.get("FORKSIGHT_TOKEN")
+    token = token_or_env(token)
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
