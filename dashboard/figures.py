@@ -260,13 +260,17 @@ def steps_x(steps: Sequence[int], rows: pd.DataFrame, x_axis: str) -> list:
     return wall_strings(pd.Series(t))
 
 
-def flat_range(values: pd.Series) -> dict:
+def flat_range(values: pd.Series, log_y: bool = False) -> dict:
     """A fixed y-range for a (nearly) constant series: autorange would magnify float noise
-    (0.9999999 vs 1.0) into spikes."""
+    (0.9999999 vs 1.0) into spikes. On a log axis the range is in log10 units (a factor 2
+    either side), none for a constant at or below 0."""
     vals = values.dropna().to_numpy(np.float64)
     if len(vals) == 0 or np.ptp(vals) > 1e-6 * max(1.0, float(np.abs(vals).max())):
         return {}
     mid = float(vals.mean())
+    if log_y:
+        return {} if mid <= 0 else {"range": [math.log10(mid / 2), math.log10(mid * 2)],
+                                    "autorange": False}
     pad = max(abs(mid) * 0.5, 1e-3)
     return {"range": [mid - pad, mid + pad], "autorange": False}
 
@@ -316,3 +320,15 @@ def with_focus(figure: dict, step: int | None, x_axis: str = "step") -> dict:
                       "font": {"size": 10, "color": "#1c7ed6"}, "name": "focus"})
     layout.update(shapes=shapes, annotations=notes)
     return {**figure, "layout": layout}
+
+
+def log_annotations(layout: dict, log_axes: set[str]) -> dict:
+    """Annotations placed in data units on a log y axis moved to its log10 units (plotly places
+    them by the log of the value there; shapes take the value itself). log_axes: {"y", "y2"…}."""
+    notes = []
+    for note in layout.get("annotations", []):
+        y = note.get("y")
+        if note.get("yref") in log_axes and isinstance(y, (int, float)):
+            note = {**note, "y": math.log10(y)} if y > 0 else {**note, "visible": False}
+        notes.append(note)
+    return {**layout, "annotations": notes}

@@ -12,7 +12,7 @@ from forksight.dashboard.alert_figures import alert_layers, escape_markup, lates
 from forksight.base.constants import ENTROPY_EDGES
 from forksight.dashboard.figures import (DIAGNOSTIC_KEYS, ENTROPY_COLOR, FORK_THRESHOLD, JS_COLOR,
                                          PASS_COLORS, RENYI_COLOR, SEVERITY_COLOR, X_TITLES,
-                                         base_layout, clean, steps_x, y_scale,
+                                         base_layout, clean, log_annotations, steps_x, y_scale,
                                          downsample_indices, empty_figure,
                                          epoch_seconds, flat_range, grid_axes, hline, keys_of,
                                          line_trace, pass_keys, raw_and_smooth, series,
@@ -97,6 +97,8 @@ def entropy_figure(scalars: pd.DataFrame, *, alerts: pd.DataFrame | None = None,
                                  # its own round ticks (synced ones read 0.0466, 0.0931)
                                  "tickmode": "auto", "nticks": 5, **y_scale(log_y),
                                  **_js_range(js, log_y)})
+    if log_y:
+        layout = log_annotations(layout, {"y", "y2"})
     return {"data": data, "layout": layout}
 
 
@@ -322,7 +324,7 @@ def scalar_grid(scalars: pd.DataFrame, keys: Sequence[str] = DIAGNOSTIC_KEYS, *,
                                x_axis=x_axis, gl=gl, showlegend=False, xaxis=xref, yaxis=yref)
         layout_axes["xaxis" + xref[1:]] = {**xa, "type": "date" if x_axis == "wall" else "linear"}
         layout_axes["yaxis" + yref[1:]] = {**ya, **y_scale(log_y),
-                                           **flat_range(rows[key]["value"])}
+                                           **flat_range(rows[key]["value"], log_y)}
         notes.append({"text": escape_markup(key), "xref": "paper", "yref": "paper",
                       "x": sum(xa["domain"]) / 2, "y": ya["domain"][1], "xanchor": "center", "yanchor": "bottom",
                       "showarrow": False, "font": {"size": 12}})
@@ -336,4 +338,6 @@ def scalar_grid(scalars: pd.DataFrame, keys: Sequence[str] = DIAGNOSTIC_KEYS, *,
     for i, (xref, _, _, _) in enumerate(grid_axes(len(keys), cols)):    # x title: bottom row
         if i >= len(keys) - cols:
             layout["xaxis" + xref[1:]]["title"] = {"text": X_TITLES[x_axis], "standoff": 2}
+    if log_y:
+        layout = log_annotations(layout, {yref for _, yref, _, _ in grid_axes(len(keys), cols)})
     return {"data": data, "layout": layout}

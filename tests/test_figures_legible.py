@@ -117,3 +117,18 @@ def test_focus_line_marks_the_linked_step_on_every_panel():
     assert sorted(s["xref"] for s in focus) == ["x", "x2"] and {s["x0"] for s in focus} == {7}
     assert F.with_focus(grid, None) is grid and F.with_focus(grid, 7, "wall") is grid
     assert A.escape_markup("<b>") == "&lt;b&gt;"
+
+
+def test_on_log_axes_labels_sit_at_their_lines_and_a_flat_series_stays_in_view():
+    alerts = pd.DataFrame([{"step": 5, "detector": "entropy_collapse", "severity": "warning",
+                            "value": 0.5, "threshold": 0.09, "forecast": None, "action": "",
+                            "signal": "entropy/mean", "message": "m"}])
+    fig = R.entropy_figure(frame(20), alerts=alerts, log_y=True)
+    [note] = [n for n in fig["layout"]["annotations"] if "threshold 0.09" in n["text"]]
+    assert np.isclose(note["y"], np.log10(0.09))        # plotly places it by log10 there
+    [line] = [s for s in fig["layout"]["shapes"] if s.get("y0") == 0.09]
+    assert line["y1"] == 0.09                           # a shape takes the value itself
+    flat = R.scalar_grid(frame(10, ("selected/frac",)).assign(value=1.0), ["selected/frac"],
+                         log_y=True)
+    lo, hi = flat["layout"]["yaxis"]["range"]
+    assert lo < 0 < hi                                  # log10(1) = 0 inside the range
