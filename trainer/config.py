@@ -163,7 +163,7 @@ def load_config(path: str | None = None, preset: str | None = None,
     except ValidationError as exc:
         from forksight.base.errors import validation_message
 
-        problems = validation_message(exc.errors(), root="config")
+        problems = validation_message(exc.errors(), root="config", model=TrainConfig)
         raise ValueError(f"invalid training config: {problems}") from None
 
 

@@ -25,6 +25,9 @@ from forksight.monitor.alerts.detectors import (
     NonFiniteDetector,
     StagnationDetector,
 )
+from forksight.monitor.alerts.breadth import (ClipDetector, CompositionDetector, DegenerateDetector,
+                                              DivergenceDetector, GradientDetector, KLDriftDetector,
+                                              TruncationDetector)
 from forksight.base.limits import NONFINITE_PREFIX
 from forksight.monitor.alerts.config import (  # noqa: F401 - the configs' public home stays forksight.monitor.alerts.hub
     AlertConfig, CollapseConfig, CovarianceConfig, DetectorConfig, DiversityConfig, ExplosionConfig, ForkConfig,
@@ -79,7 +82,7 @@ def load_alert_config(path: str | Path | None = None, overrides: Iterable[str] =
     try:
         return AlertConfig(**data)
     except ValidationError as exc:
-        problems = validation_message(exc.errors(), root="config")
+        problems = validation_message(exc.errors(), root="config", model=AlertConfig)
         raise ValueError(f"invalid alert config: {problems} (sections: {', '.join(AlertConfig.model_fields)})") from None
 
 
@@ -97,6 +100,13 @@ class AlertMonitor:
             (c.diversity, DiversityDetector(c.diversity)),
             (c.fork, ForkDetector(c.fork)),
             (c.stagnation, StagnationDetector(c.stagnation)),
+            (c.degenerate, DegenerateDetector(c.degenerate)),
+            (c.truncation, TruncationDetector(c.truncation)),
+            (c.clip, ClipDetector(c.clip)),
+            (c.kl_drift, KLDriftDetector(c.kl_drift)),
+            (c.gradient, GradientDetector(c.gradient)),
+            (c.divergence, DivergenceDetector(c.divergence)),
+            (c.composition, CompositionDetector(c.composition)),
         ]
         active = [d for cfg, d in built if cfg.enabled]
         self._non_finite = next((d for d in active if isinstance(d, NonFiniteDetector)), None)
