@@ -13,6 +13,7 @@ import functools
 import itertools
 import json
 import socket
+import time
 
 import httpx
 import pyarrow as pa
@@ -29,6 +30,7 @@ from starlette.testclient import TestClient
 from collector_util import ServeProcess
 from forksight.compose.app import create_app
 from forksight.base.limits import MAX_RANK
+from forksight.monitor.collector.ipc import MAX_COLUMNS
 from forksight.base.constants import ARROW_MEDIA_TYPE
 from forksight.monitor.collector.store import Store
 from fuzz_util import (
@@ -358,6 +360,27 @@ def test_an_arrow_body_with_damaged_buffers_is_a_400_and_stores_nothing(api, bod
     assert run_rows(api.store, run) == {}
 
 
+def _schema_only(names: list[str]) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, pa.schema([(n, pa.int8()) for n in names])):
+        pass
+    return sink.getvalue().to_pybytes()
+
+
+@budget(25)
+@given(columns=st.one_of(st.integers(MAX_COLUMNS + 1, 3_000), st.sampled_from([MAX_COLUMNS + 1, 20_000, 60_000])),
+       repeat=st.integers(1, 4))
+def test_a_wide_arrow_schema_is_a_short_422_and_stores_nothing(api, columns, repeat):
+    # 60k columns once held a worker past 20 s (a quadratic duplicate check) and 20k answered 200 kB
+    names = [f"col{i // repeat}" for i in range(columns)]
+    run = api.new_run()
+    before = fingerprint(api.store)
+    resp = _post_arrow(api, run, _schema_only(names))
+    check_answer(resp, f"{columns} columns")
+    assert resp.status_code == 422 and len(resp.json()["detail"]) < 300, resp.text[:500]
+    assert fingerprint(api.store) == before
+
+
 # ---------------------------------------------------------------------------- query integers
 INT64 = 2**63
 # (route, parameter, smallest, largest accepted); other parameters of the route left out
@@ -524,3 +547,64 @@ def test_a_real_server_survives_a_short_fuzz_pass(tmp_path, api):
         assert http.post("/api/runs/seed/tokens", content=valid, headers=ARROW,
                          params={"batch_id": "after"}).json()["rows"] == {"tokens": 1}
     assert "Traceback" not in srv.log(), srv.log()[-3000:]
+
+
+# ---------------------------------------------------------------------------- slow bodies
+def _send_slowly(port: int, path: str, kind: str, body: bytes, cuts: list[int], pause: float) -> int:
+    """POST `body` in pieces cut at `cuts`, pausing between them (a slow client); the status."""
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: {kind}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(head)
+        at = 0
+        for cut in sorted(set(cuts)) + [len(body)]:
+            sock.sendall(body[at:cut])
+            at = cut
+            time.sleep(pause)                      # the client is slow: that is the case fuzzed
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return int(answer.split(b" ", 2)[1])
+
+
+@pytest.fixture(scope="module")
+def dash_srv(tmp_path_factory):
+    from collector_util import InProcessCollector
+
+    with InProcessCollector(tmp_path_factory.mktemp("slow") / "slow.duckdb", dashboard=True) as srv:
+        httpx.post(srv.url + "/api/runs", json={"name": "slow"})
+        yield srv
+
+
+@budget(12)
+@given(route=st.sampled_from(["dash", "ingest"]), valid=st.booleans(),
+       cuts=st.lists(st.integers(0, 400), max_size=6), pause=st.sampled_from([0.0, 0.01, 0.05]), slow=st.integers(1, 12))
+def test_slow_bodies_get_the_answer_a_whole_body_gets_while_pages_keep_answering(dash_srv, route, valid, cuts,
+                                                                                  pause, slow):
+    import threading
+
+    srv = dash_srv
+    if route == "dash":
+        deps = httpx.get(srv.url + "/_dash-dependencies").json()
+        table = next(d for d in deps if d["output"] == "runs-table.data")
+        call = {"output": "runs-table.data", "outputs": {"id": "runs-table", "property": "data"},
+                "inputs": [{"id": i["id"], "property": i["property"], "value": 1} for i in table["inputs"]],
+                "changedPropIds": [], "state": []}
+        path, body = "/_dash-update-component", json.dumps(call if valid else {**call, "output": "nope"}).encode()
+    else:
+        batch = {"batch_id": f"s{next(_ids)}", "scalars": [{"step": 1, "key": "k", "value": 1.0}]}
+        path, body = "/api/runs/slow/ingest", json.dumps(batch if valid else {**batch, "scalars": "x"}).encode()
+    whole = httpx.post(srv.url + path, content=body, headers=JSON)
+    if route == "ingest" and valid:          # the same batch id again: a duplicate, still a 200
+        assert whole.status_code == 200
+    statuses: list = []
+    clients = [threading.Thread(target=lambda: statuses.append(
+        _send_slowly(srv.port, path, "application/json", body, [c % max(1, len(body)) for c in cuts], pause)))
+        for _ in range(slow)]
+    for t in clients:
+        t.start()
+    page = httpx.get(srv.url + "/", timeout=60)           # the dashboard answers meanwhile
+    for t in clients:
+        t.join(120)
+    assert page.status_code == 200
+    assert statuses == [whole.status_code] * slow, (statuses, whole.status_code, whole.text[:200])

@@ -100,3 +100,68 @@ def test_sixteen_clients_for_a_minute_lose_nothing_and_memory_stays_bounded(tmp_
               f"{start_rss:.0f} MB at start, {samples[len(samples) // 2]:.0f} MB halfway, {samples[-1]:.0f} MB at "
               f"the end, peak {peak:.0f} MB; db file {db_mb:.0f} MB")
         assert peak < RSS_LIMIT_MB, f"server peak RSS {peak:.0f} MB"
+
+
+def _disk_client(url: str, idx: int, deadline: float, out: dict, refused: threading.Event) -> None:
+    """Stream token batches; a 507/503 (disk full, store reopening) is retried with the same batch
+    id, as a sink does; anything else but 200 is an error."""
+    rng = np.random.default_rng(idx)
+    acked, statuses, errors = 0, {}, []
+    with httpx.Client(base_url=url, timeout=120) as http:
+        run = http.post("/api/runs", json={"name": f"disk-{idx}"}).json()["run_id"]
+        step = 0
+        while time.monotonic() < deadline:
+            body = _arrow_tokens(step, rng)
+            for _ in range(2000):
+                resp = http.post(f"/api/runs/{run}/tokens", params={"batch_id": f"t{step}"}, content=body,
+                                 headers={"Content-Type": "application/vnd.apache.arrow.stream"})
+                statuses[resp.status_code] = statuses.get(resp.status_code, 0) + 1
+                if resp.status_code == 200:
+                    acked += 0 if resp.json()["duplicate"] else TOKENS_PER_BATCH
+                    break
+                if resp.status_code in (503, 507) and resp.json()["detail"]:
+                    refused.set()
+                    time.sleep(0.05)              # a sink's backoff before it sends the batch again
+                    continue
+                errors.append(f"{resp.status_code} {resp.text[:200]}")
+                break
+            step += 1
+        out[idx] = (run, acked, statuses, errors)
+
+
+def test_clients_stream_through_a_full_disk_and_every_acknowledged_row_is_stored(tmp_path):
+    from collector_util import fill_disk, mount_small_filesystem, unmount
+
+    where = tmp_path / "fs"
+    why = mount_small_filesystem(where, "48m")
+    if why is not None:
+        pytest.skip(why)
+    seconds = float(os.environ.get("FORKSIGHT_SOAK_S", "60")) / 4
+    try:
+        with ServeProcess(where / "disk.duckdb") as server:
+            results: dict = {}
+            refused = threading.Event()
+            deadline = time.monotonic() + seconds
+            threads = [threading.Thread(target=_disk_client, args=(server.url, i, deadline, results, refused))
+                       for i in range(8)]
+            for t in threads:
+                t.start()
+            filler = fill_disk(where, 2 << 20)
+            saw_full = refused.wait(seconds)
+            health_full = httpx.get(server.url + "/api/health", timeout=60)
+            filler.unlink()
+            for t in threads:
+                t.join()
+            assert saw_full, "the disk never filled: the case was not exercised"
+            assert health_full.status_code in (200, 503)
+            errors = [e for *_, errs in results.values() for e in errs]
+            assert len(results) == 8 and errors == [], errors[:5]
+            assert httpx.get(server.url + "/api/health", timeout=60).status_code == 200
+            for run, acked, statuses, _ in results.values():
+                stored = httpx.get(f"{server.url}/api/runs/{run}/counts", timeout=60).json()["tokens"]
+                assert stored == acked, (run, stored, acked, statuses)
+            print(f"\ndisk-full soak: {sum(r[1] for r in results.values())} rows acknowledged and stored; "
+                  f"answers {[r[2] for r in results.values()]}")
+        assert "Traceback" not in server.log(), server.log()[-3000:]
+    finally:
+        unmount(where)
