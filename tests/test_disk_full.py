@@ -68,6 +68,9 @@ def test_a_large_batch_on_a_full_disk_is_a_507_naming_the_space_then_stored_once
         state = health.json()["store"]
         assert state["disk_full"] and not state["writable"] and not state["invalidated"]
         assert state["needed_bytes"] > 0 and state["free_bytes"] < 3 << 20
+        from forksight.monitor.sinks.client import collector_answers
+
+        assert collector_answers(srv.url)        # an unhealthy collector is still there: no second one started
         assert http.get(f"/api/runs/{run}/counts").json()["tokens"] == 1000     # reads go on
         os.remove(filler)
         assert http.get("/api/health").status_code == 200

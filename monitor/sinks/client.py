@@ -56,12 +56,13 @@ class NullSink(SinkBase):
 
 # ---------------------------------------------------------------------------- open
 def collector_answers(url: str, token: str | None = None, timeout: float = 0.5) -> bool:
-    """True when a forksight collector answers GET /api/health at url."""
+    """True when a forksight collector answers GET /api/health at url (healthy or not)."""
     import httpx
 
     try:
         resp = httpx.get(url.rstrip("/") + "/api/health", timeout=timeout, headers=bearer(token))
-        return resp.status_code == 200 and resp.json().get("service") == "forksight"
+        # 503: a collector whose store cannot write now (disk full); it answers, and takes the batches later
+        return resp.status_code in (200, 503) and resp.json().get("service") == "forksight"
     except (httpx.HTTPError, ValueError):
         return False
 
