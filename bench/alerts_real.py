@@ -185,6 +185,20 @@ def load_series(cache: Path = CACHE, retrain: bool = False) -> dict:
 
 
 # ---------------------------------------------------------------------------- ground truth
+def starts_all_wrong(columns: dict) -> bool:
+    """Ground truth from the log: the first ten steps pass nothing and most groups agree."""
+    p, z = columns.get("pass@1") or [], columns.get("groups/zero_var_frac") or []
+    head_p, head_z = [x for x in p[:10] if x is not None], [x for x in z[:10] if x is not None]
+    return bool(head_p and head_z) and max(head_p) <= 0.05 and sum(head_z) / len(head_z) >= 0.5
+
+
+def ends_solved(columns: dict) -> bool:
+    """Ground truth from the log: pass@1 averages 0.9 or more over the last quarter."""
+    p = [x for x in (columns.get("pass@1") or []) if x is not None]
+    tail = p[-max(len(p) // 4, 1):]
+    return bool(tail) and sum(tail) / len(tail) >= 0.9
+
+
 def collapse_step(steps: list[int], entropy: np.ndarray) -> int | None:
     below = np.flatnonzero(entropy < 0.1 * entropy[:5].mean())
     return steps[int(below[0])] if below.size else None
@@ -248,7 +262,8 @@ _COLLAPSE = {"forksight": "entropy_collapse", "rlwatch": "entropy_collapse", "rl
 _EXPLOSION = {"forksight": "entropy_explosion", "rlwatch": "kl_explosion", "rlprobe": "kl_blowup"}
 
 
-def _judge(tool: str, alerts: list[dict], kind: str, collapse: int | None, explosion: int | None) -> dict:
+def _judge(tool: str, alerts: list[dict], kind: str, collapse: int | None, explosion: int | None,
+           columns: dict | None = None) -> dict:
     target = (_EXPLOSION if kind == "explode" else _COLLAPSE)[tool]
     truth = explosion if kind == "explode" else collapse if kind.startswith("collapse") else None
     own = [a for a in alerts if a["detector"] == target]
@@ -258,6 +273,8 @@ def _judge(tool: str, alerts: list[dict], kind: str, collapse: int | None, explo
     if tool == "forksight":
         expected = EXPECTED[kind] | (COLLAPSE_FAMILY if collapse is not None else set())
         expected |= {"entropy_explosion"} if explosion is not None else set()
+        # groups that agree because nothing is right from the start, or everything is at the end
+        expected |= {"degenerate_groups"} if starts_all_wrong(columns) or ends_solved(columns) else set()
     else:
         expected = ({_COLLAPSE[tool]} if collapse is not None else set()) | (
             {_EXPLOSION[tool]} if explosion is not None else set())
@@ -276,7 +293,7 @@ def evaluate_run(name: str, run: dict, config=None) -> dict:
            "entropy_first5_last5": [round(float(entropy[:5].mean()), 3), round(float(entropy[-5:].mean()), 3)],
            "log_vocab": round(float(np.log(run["vocab_size"])), 3),
            "collapse_step": collapse, "explosion_step": explosion,
-           "forksight": _judge("forksight", ours, kind, collapse, explosion),
+           "forksight": _judge("forksight", ours, kind, collapse, explosion, _columns(rows)),
            "rlwatch": _judge("rlwatch", rlwatch_alerts(steps, rows), kind, collapse, explosion),
            "rlprobe": _judge("rlprobe", rlprobe_alerts(steps, rows), kind, collapse, explosion)}
     out["forksight"]["alerts"] = [f"{a['step']} {a['detector']}/{a['severity']}" for a in ours]

@@ -112,6 +112,91 @@ class StagnationConfig(DetectorConfig):
     confidence_z: float = Field(1.64, ge=0.0, description="plateau only when gain + z·(its standard error) is below min_improvement (0 = the point estimate alone)")
 
 
+class DegenerateConfig(DetectorConfig):
+    """Degenerate groups split by cause: all-correct (too easy) vs all-wrong (too hard), opposite fixes."""
+
+    persist: int = Field(5, ge=1, description="the condition must hold this many consecutive steps")
+    key: str = Field("groups/zero_var_frac", description="scalar: fraction of groups whose rewards are all equal")
+    pass_keys: list[str] = Field(["pass@1", "reward/mean"], description="the pass rate that says which way the groups agree; the largest present is used (reward read as a rate in [0, 1])")
+    warn_frac: float = Field(0.5, gt=0.0, le=1.0, description="warn once the smoothed fraction reaches this (2 rollouts paid per useful one)")
+    critical_frac: float = Field(0.75, gt=0.0, le=1.0, description="critical from this fraction (4 rollouts per useful one)")
+    saturated_pass: float = Field(0.85, gt=0.0, le=1.0, description="pass rate at or above which degenerate groups are all-correct: the task is too easy")
+    too_hard_pass: float = Field(0.15, ge=0.0, lt=1.0, description="pass rate at or below which they are all-wrong: the task is too hard (between the two, lost_diversity speaks)")
+    entropy_key: str = Field("entropy/mean", description="entropy scalar: groups that agree because entropy collapsed are entropy_collapse's case")
+    collapsed_drop: float = Field(0.75, gt=0.0, lt=1.0, description="all-correct stays quiet once smoothed entropy is this fraction below its baseline")
+
+
+class TruncationConfig(DetectorConfig):
+    """Completions cut off at the length cap: their reward measures the cap, not the policy."""
+
+    persist: int = Field(3, ge=1, description="the condition must hold this many consecutive steps")
+    keys: list[str] = Field(["length/clip_frac", "completions/clipped_ratio", "response_length/clip_ratio"], description="scalar(s) holding the share of truncated completions; the first present is used")
+    warn_frac: float = Field(0.05, gt=0.0, le=1.0, description="warn once the smoothed share reaches this")
+    critical_frac: float = Field(0.15, gt=0.0, le=1.0, description="critical from this share")
+    always_frac: float = Field(0.95, gt=0.0, le=1.0, description="quiet while this share or more is cut off and was from the start (baseline): nothing ever ends, so truncation cannot bias the reward (fixed-length generation, or a model that never learned EOS)")
+
+
+class ClipConfig(DetectorConfig):
+    """PPO clip saturation: a large share of the update thrown away by the ratio clip."""
+
+    persist: int = Field(5, ge=1, description="the condition must hold this many consecutive steps")
+    keys: list[str] = Field(["clip/frac", "clip_ratio/region_mean", "actor/pg_clipfrac"], description="scalar(s) holding the clipped share of token updates; the first present is used")
+    warn_frac: float = Field(0.2, gt=0.0, le=1.0, description="warn once the smoothed clipped share reaches this")
+    critical_frac: float = Field(0.4, gt=0.0, le=1.0, description="critical from this share")
+
+
+class KLDriftConfig(DetectorConfig):
+    """KL to the reference running away (quiet when the run has no KL term: KL exactly 0)."""
+
+    persist: int = Field(5, ge=1, description="the condition must hold this many consecutive steps")
+    keys: list[str] = Field(["kl", "actor/kl_loss", "objective/kl"], description="scalar(s) holding KL(policy ‖ reference); the first present is used")
+    high: float = Field(0.5, gt=0.0, description="KL (nats) that warns when it is also accelerating")
+    extreme: float = Field(2.0, gt=0.0, description="KL that warns on its own; critical once reward has stopped improving")
+    window: int = Field(20, ge=5, description="steps in each of the two fitted slopes compared for acceleration")
+    acceleration: float = Field(1.5, gt=1.0, description="accelerating: the recent slope is this many times the previous window's")
+    reward_key: str = Field("reward/mean", description="reward scalar: KL bought with no reward gain is critical")
+    min_reward_gain: float = Field(0.02, description="reward counts as stalled when its fitted gain over the window is below this")
+
+
+class GradientConfig(DetectorConfig):
+    """Gradient-norm pathologies: recurring spikes, a vanishing norm, exactly-zero updates."""
+
+    cooldown: int = Field(100, ge=0, description="minimum steps between two gradient warnings")
+    key: str = Field("grad_norm", description="scalar holding the (pre-clip) gradient norm")
+    window: int = Field(100, ge=10, description="steps over which spikes and zero updates are counted")
+    spike_ratio: float = Field(5.0, gt=1.0, description="a spike: the norm above this multiple of its running typical level (geometric EMA)")
+    spike_count: int = Field(3, ge=1, description="warn at this many spikes in the window")
+    vanish_fraction: float = Field(0.05, gt=0.0, lt=1.0, description="vanishing: smoothed norm below this fraction of its baseline")
+    zero_fraction: float = Field(0.4, gt=0.0, le=1.0, description="warn when this share of the window's steps had a norm of exactly 0")
+    zero_var_key: str = Field("groups/zero_var_frac", description="zero-variance group fraction: when most groups are degenerate that explains zero and vanishing updates (degenerate_groups speaks)")
+    explained_zero_var: float = Field(0.5, ge=0.0, le=1.0, description="the smoothed zero-variance fraction above which a zero or vanishing norm is explained")
+
+
+class DivergenceConfig(DetectorConfig):
+    """Training reward climbing while the held-out score does not: the verifier is being gamed."""
+
+    warmup_steps: int = Field(0, ge=0, description="counted in evaluations, see min_evals")
+    cooldown: int = Field(100, ge=0, description="minimum steps between two divergence alerts")
+    eval_keys: list[str] = Field(["eval/pass@1", "eval/reward", "eval_score", "val/test_score", "eval/accuracy"], description="held-out score scalar(s); the first present is used")
+    reward_key: str = Field("reward/mean", description="training reward scalar (smoothed, read at each evaluation)")
+    evals: int = Field(6, ge=3, description="evaluations in the fitted window")
+    min_evals: int = Field(4, ge=3, description="evaluations needed before the detector may fire")
+    reward_gain: float = Field(0.05, gt=0.0, description="diverging: training reward rose by at least this over the window ...")
+    eval_gain: float = Field(0.0, description="... while the held-out score gained at most this (critical when it fell by reward_gain)")
+
+
+class CompositionConfig(DetectorConfig):
+    """One reward component carries all the variance the policy can follow; another is a constant."""
+
+    warmup_steps: int = Field(30, ge=0, description="steps observed before this detector may fire")
+    cooldown: int = Field(200, ge=0, description="minimum steps between two composition warnings")
+    prefix: str = Field("rewards/", description="component scalars are PREFIX<name>SUFFIX (TRL: rewards/<func>/mean)")
+    suffix: str = Field("/mean", description="see prefix")
+    max_components: int = Field(16, ge=2, description="components tracked (bounded state)")
+    dominance: float = Field(0.9, gt=0.5, le=1.0, description="warn when one component holds this share of the summed variance ...")
+    dead_share: float = Field(0.02, ge=0.0, lt=0.5, description="... and another holds less than this (a constant is invisible to a policy gradient)")
+
+
 class NonFiniteConfig(DetectorConfig):
     """NaN or ±inf in any statistic."""
 
@@ -130,3 +215,10 @@ class AlertConfig(BaseModel):
     fork: ForkConfig = Field(default_factory=ForkConfig, description="fraction of fork tokens (H ≥ 0.672) below a floor")
     stagnation: StagnationConfig = Field(default_factory=StagnationConfig, description="reward plateau while pass@1 is below target")
     non_finite: NonFiniteConfig = Field(default_factory=NonFiniteConfig, description="NaN or ±inf statistics")
+    degenerate: DegenerateConfig = Field(default_factory=DegenerateConfig, description="degenerate groups: all-correct (too easy) vs all-wrong (too hard)")
+    truncation: TruncationConfig = Field(default_factory=TruncationConfig, description="completions cut off at the length cap")
+    clip: ClipConfig = Field(default_factory=ClipConfig, description="PPO clip saturation")
+    kl_drift: KLDriftConfig = Field(default_factory=KLDriftConfig, description="KL to the reference running away")
+    gradient: GradientConfig = Field(default_factory=GradientConfig, description="gradient-norm spikes, vanishing or zero updates")
+    divergence: DivergenceConfig = Field(default_factory=DivergenceConfig, description="training reward up while the held-out score is not")
+    composition: CompositionConfig = Field(default_factory=CompositionConfig, description="one reward component dominates, another is constant")
