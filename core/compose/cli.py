@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from forksight.compose import alerts_cli, serve_cli
+from forksight.compose import alerts_cli, doctor, serve_cli
 from forksight.trainer import cli as train_cli
 from forksight.compose import demo
 
@@ -16,6 +16,7 @@ SUBCOMMANDS = (
     serve_cli.add_parser,     # serve, export
     train_cli.add_parser,     # train
     alerts_cli.add_parser,    # alerts replay
+    doctor.add_parser,        # doctor, import
     demo.add_parser,          # demo
 )
 

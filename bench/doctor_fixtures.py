@@ -1,0 +1,54 @@
+"""Real logs for `forksight doctor`'s tests, written by the tools themselves: TRL's GRPOTrainer on
+the tiny model (as bench/alerts_real.py's trl-even runs: reward for an even first token) with
+report_to="tensorboard" and a checkpoint at the end, so tests/data/trl_logs/<run>/ holds the
+trainer_state.json TRL saved and the TensorBoard event file its SummaryWriter wrote. "collapse" is
+lr 1e-2 (entropy falls ~85% by step 40), "healthy" lr 3e-4 (entropy flat, reward noisy near 0.5).
+
+    .venv/bin/python bench/doctor_fixtures.py      # writes what tests/data/trl_logs lacks
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "trl_logs"
+RUNS = {"collapse": dict(lr=1e-2, steps=60), "healthy": dict(lr=3e-4, steps=60)}
+
+
+def train(name: str, lr: float, steps: int, out: Path) -> None:
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from forksight.trainer.model import build_tiny, load
+
+    torch.set_num_threads(1)
+
+    def reward(completions, completion_ids, **kwargs):
+        return [1.0 if ids and ids[0] % 2 == 0 else 0.0 for ids in completion_ids]
+
+    model, tokenizer = load(build_tiny())
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(Path(tmp) / "tb")   # read by TensorBoardCallback
+        config = GRPOConfig(output_dir=tmp, report_to="tensorboard",
+                            use_cpu=True, bf16=False, seed=0, per_device_train_batch_size=32, num_generations=8,
+                            max_completion_length=8, learning_rate=lr, lr_scheduler_type="constant",
+                            max_steps=steps, logging_steps=1, save_strategy="steps", save_steps=steps,
+                            save_only_model=True, disable_tqdm=True)
+        data = Dataset.from_list([{"prompt": f"Q: {10 + i}+{20 + i}= A:"} for i in range(64)])
+        trainer = GRPOTrainer(model=model, args=config, reward_funcs=reward, train_dataset=data,
+                              processing_class=tokenizer)
+        trainer.train()
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path(tmp) / f"checkpoint-{steps}" / "trainer_state.json", out / "trainer_state.json")
+        shutil.copytree(Path(tmp) / "tb", out / "tb", dirs_exist_ok=True)
+
+
+if __name__ == "__main__":
+    for name, kw in RUNS.items():
+        if not (OUT / name / "trainer_state.json").exists():
+            print(f"training {name}", file=sys.stderr, flush=True)
+            train(name, out=OUT / name, **kw)

@@ -1,0 +1,212 @@
+"""`forksight doctor SOURCE`: a post-hoc diagnosis of one run (every detector replayed over its
+steps) and `forksight import SOURCE --db PATH`: the same readers bring a logged run into the
+store, so every dashboard page and `alerts replay` work on it. Sources: a forksight DuckDB file,
+and whatever forksight.monitor.importers reads (TRL, TensorBoard, verl, JSONL/CSV)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# what each detector reads: a detector whose keys the run never logged was not checked
+NEEDS = {
+    "non_finite": ("any statistic",), "entropy_collapse": ("entropy/mean",), "covariance": ("cov/logp_adv",),
+    "entropy_explosion": ("entropy/mean", "renyi2/mean"), "lost_diversity": ("pass@1", "groups/zero_var_frac"),
+    "fork_starvation": ("fork/frac",), "stagnation": ("reward/mean",), "degenerate_groups": ("groups/zero_var_frac",),
+    "truncation": ("length/clip_frac",), "clip_saturation": ("clip/frac",), "kl_drift": ("kl",),
+    "gradient": ("grad_norm",), "reward_eval_divergence": ("eval/reward", "eval/pass@1"),
+    "reward_composition": ("rewards/<name>/mean",),
+}
+SEVERITY_RANK = {"healthy": 0, "warning": 1, "critical": 2}
+
+
+@dataclass
+class Diagnosis:
+    """One run's replayed alerts, the verdict, and what could and could not be checked."""
+
+    name: str
+    source: str
+    kind: str
+    steps: list[int]
+    rows: list[dict]
+    alerts: list[dict] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+    not_checked: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        return max((a["severity"] for a in self.alerts), key=SEVERITY_RANK.get, default="healthy")
+
+    def to_json(self) -> dict:
+        return {"run": self.name, "source": self.source, "kind": self.kind, "steps": len(self.steps),
+                "first_step": self.steps[0] if self.steps else None, "last_step": self.steps[-1] if self.steps else None,
+                "verdict": self.verdict, "findings": self.alerts, "checked": self.checked,
+                "not_checked": self.not_checked}
+
+
+def _is_duckdb(path: Path) -> bool:
+    if path.suffix in (".duckdb", ".ddb"):
+        return True
+    try:
+        with path.open("rb") as fh:
+            return fh.read(12)[8:12] == b"DUCK"
+    except OSError:
+        return False
+
+
+def load(source: str, run: str | None = None) -> tuple[str, str, list[int], list[dict], dict]:
+    """(name, kind, steps, rows, config) of one run; ValueError with what was expected otherwise."""
+    from forksight.monitor.importers import read_source
+
+    path = Path(source)
+    if path.is_file() and _is_duckdb(path):
+        return _load_db(path, run)
+    imported = read_source(path)
+    if not imported.steps:
+        raise ValueError(f"{source} was read as {imported.kind} but holds no step with a number in it")
+    return imported.name, imported.kind, imported.steps, imported.rows, imported.config
+
+
+def _load_db(path: Path, run: str | None):
+    from forksight.compose.alerts_cli import ALL_STEPS
+    from forksight.monitor.collector.store import Store
+
+    store = Store(str(path))
+    try:
+        runs = store.reader.list_runs()["run_id"].tolist()
+        if run is None and len(runs) == 1:
+            run = runs[0]
+        if run is None or run not in runs:
+            raise ValueError(f"{'no run ' + repr(run) if run else 'pass --run'} in {path}; runs there: "
+                             f"{', '.join(runs[:20]) or '(none)'}")
+        frame = store.reader.read_scalars(run, downsample=ALL_STEPS).dropna(subset=["value"])
+        config = (store.reader.run(run) or {}).get("config") or {}
+    finally:
+        store.close()
+    steps, rows = [], []
+    for step, group in frame.sort_values(["step", "key"]).groupby("step", sort=True):
+        steps.append(int(step))
+        rows.append(dict(zip(group["key"], group["value"].astype(float))))
+    return run, "forksight", steps, rows, config if isinstance(config, dict) else {}
+
+
+def diagnose(source: str, run: str | None = None, config=None) -> Diagnosis:
+    """Replay every detector over the run's steps (in step order) and say what was checked."""
+    from forksight.monitor.alerts.hub import AlertMonitor, alert_row, evidence_of
+
+    name, kind, steps, rows, run_config = load(source, run)
+    vocab = run_config.get("vocab_size") if isinstance(run_config.get("vocab_size"), int) else None
+    monitor = AlertMonitor(config, vocab)
+    alerts = []
+    for step, row in zip(steps, rows):
+        for alert in monitor.observe(step, row):
+            r = alert_row(name, alert, math.nan)
+            r.pop("wall_time")
+            alerts.append({**r, "evidence": evidence_of(r)})
+    keys = {k for row in rows for k in row}
+    present = {
+        d: (d == "non_finite" and bool(keys)) or any(k in keys for k in need) or (
+            d == "lost_diversity" and any(k.startswith("pass@") for k in keys)) or (
+            d == "reward_composition" and sum(k.startswith("rewards/") and k.endswith("/mean") for k in keys) >= 2) or (
+            d == "reward_eval_divergence" and any(k.startswith("eval/") for k in keys))
+        for d, need in NEEDS.items()}
+    return Diagnosis(name, str(source), kind, steps, rows, alerts,
+                     checked=[d for d, ok in present.items() if ok],
+                     not_checked={d: f"needs {' or '.join(NEEDS[d])}" for d, ok in present.items() if not ok})
+
+
+# ---------------------------------------------------------------------------- commands
+def add_parser(subparsers) -> None:
+    """Register `doctor` and `import` (light: heavy imports happen when they run)."""
+    doctor = subparsers.add_parser("doctor", help="diagnose one logged run: every detector replayed, a verdict",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    doctor.add_argument("source", help="forksight DuckDB file, TRL trainer_state.json or checkpoint dir, "
+                                       "TensorBoard log dir, verl file-logger JSONL, or a JSONL/CSV of step dicts")
+    doctor.add_argument("--run", help="run id, for a forksight DuckDB file holding several")
+    doctor.add_argument("--format", choices=("terminal", "markdown", "html", "json"), default="terminal")
+    doctor.add_argument("--output", "-o", help="write the report here instead of standard output")
+    doctor.add_argument("--fail-on", choices=("warning", "critical"),
+                        help="exit 1 when the verdict is this severity or worse (a CI gate)")
+    doctor.add_argument("--config", help="alert config file (YAML or JSON), as for `alerts replay`")
+    doctor.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    doctor.set_defaults(func=run_doctor)
+    imp = subparsers.add_parser("import", help="bring a logged run (TRL, TensorBoard, verl, JSONL/CSV) into a "
+                                               "forksight DuckDB file")
+    imp.add_argument("source", help="as for `forksight doctor`")
+    imp.add_argument("--db", required=True, help="DuckDB file to add the run to (created if missing; not one a "
+                                                 "running collector holds)")
+    imp.add_argument("--run", help="name of the new run (default: the source's name)")
+    imp.add_argument("--project", default="imported", help="project to file the run under")
+    imp.set_defaults(func=run_import)
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"forksight {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    from forksight.compose.doctor_report import render
+    from forksight.monitor.alerts.hub import load_alert_config
+
+    try:
+        config = load_alert_config(args.config, args.overrides)
+        result = diagnose(args.source, args.run, config)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        return _fail("doctor", str(exc))
+    text = render(result, args.format)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"{result.verdict}: report written to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    if args.fail_on and SEVERITY_RANK[result.verdict] >= SEVERITY_RANK[args.fail_on]:
+        return 1
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from forksight.base.limits import MAX_KEY_CHARS, NONFINITE_PREFIX
+    from forksight.base.records import Records, scalars_table
+    from forksight.compose.alerts_cli import replay_rows, write_rows
+    from forksight.monitor.collector.store import Store
+
+    try:
+        name, kind, steps, rows, run_config = load(args.source)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        return _fail("import", str(exc))
+    try:
+        store = Store(args.db)
+    except RuntimeError as exc:
+        return _fail("import", str(exc))
+    codes = {"nan": 0.0, "inf": 1.0, "-inf": -1.0}
+    skipped = 0
+    try:
+        run_id = store.create_run(args.run or name, project=args.project,
+                                  config={**run_config, "imported_from": str(args.source), "format": kind})
+        batch: list[dict] = []
+        for step, row in zip(steps, rows):
+            for key, value in row.items():
+                if len(key) > MAX_KEY_CHARS - len(NONFINITE_PREFIX) or not key:
+                    skipped += 1
+                elif math.isfinite(value):
+                    batch.append({"step": step, "key": key, "value": value})
+                else:   # as a sink stores it: the marker the non-finite detector reads back
+                    batch.append({"step": step, "key": NONFINITE_PREFIX + key, "value": codes[str(value)]})
+            if len(batch) >= 50_000:
+                store.write(run_id, Records(scalars=scalars_table(batch)))
+                batch = []
+        if batch:
+            store.write(run_id, Records(scalars=scalars_table(batch)))
+        store.flush()
+        alerts, _ = replay_rows(store.reader, run_id, None)
+        write_rows(store, run_id, alerts)
+        store.update_run(run_id, status="finished")
+    finally:
+        store.close()
+    print(json.dumps({"run_id": run_id, "format": kind, "steps": len(steps), "alerts": len(alerts),
+                      "keys": len({k for r in rows for k in r}), "skipped_values": skipped}))
+    return 0

@@ -1,0 +1,94 @@
+"""`forksight doctor` and `forksight import` on real logs: TRL's trainer_state.json and the
+TensorBoard events its SummaryWriter wrote for a collapsing (lr 1e-2) and a healthy (lr 3e-4)
+GRPO run of the tiny model (tests/data/trl_logs, by bench/doctor_fixtures.py). The collapse is
+judged from the logged entropy here, not by the detectors."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from forksight.compose import cli
+from forksight.compose.doctor import diagnose
+
+LOGS = Path(__file__).resolve().parent / "data" / "trl_logs"
+SOURCES = [LOGS / run / kind for run in ("collapse", "healthy") for kind in ("trainer_state.json", "tb")]
+
+
+def entropy_fell(source: Path) -> float:
+    """How far the logged entropy fell: 1 - (last 5 steps' mean) / (first 5 steps' mean)."""
+    history = json.loads((source.parent / "trainer_state.json").read_text())["log_history"]
+    h = np.array([e["entropy"] for e in history if "entropy" in e], dtype=np.float64)
+    return 1.0 - h[-5:].mean() / h[:5].mean()
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: f"{p.parent.name}-{p.name}")
+def test_verdict_on_real_trl_logs(source):
+    result = diagnose(str(source))
+    fired = {a["detector"] for a in result.alerts}
+    if source.parent.name == "collapse":
+        assert entropy_fell(source) > 0.5
+        assert result.verdict in ("warning", "critical") and "entropy_collapse" in fired
+        first = min(a["step"] for a in result.alerts if a["detector"] == "entropy_collapse")
+        assert first < 40
+    else:
+        assert abs(entropy_fell(source)) < 0.05
+        assert result.verdict == "healthy" and not result.alerts
+    assert "entropy_collapse" in result.checked and "reward_eval_divergence" in result.not_checked
+
+
+def test_both_sources_of_one_run_agree():
+    for run in ("collapse", "healthy"):
+        a, b = (diagnose(str(LOGS / run / kind)) for kind in ("trainer_state.json", "tb"))
+        assert a.steps == b.steps
+        assert [(x["detector"], x["severity"], x["step"]) for x in a.alerts] == \
+            [(x["detector"], x["severity"], x["step"]) for x in b.alerts]
+
+
+def test_fail_on_gates_ci_and_formats(tmp_path, capsys):
+    collapse, healthy = str(LOGS / "collapse" / "trainer_state.json"), str(LOGS / "healthy" / "tb")
+    assert cli.main(["doctor", collapse, "--fail-on", "warning"]) == 1
+    verdict = diagnose(collapse).verdict
+    assert cli.main(["doctor", collapse, "--fail-on", "critical"]) == (1 if verdict == "critical" else 0)
+    assert cli.main(["doctor", healthy, "--fail-on", "warning"]) == 0
+    capsys.readouterr()
+    assert cli.main(["doctor", collapse, "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == verdict and report["findings"][0]["evidence"]
+    assert cli.main(["doctor", collapse, "--format", "markdown"]) == 0
+    assert "| entropy_collapse |" in capsys.readouterr().out.replace("warning | ", "").replace("critical | ", "")
+    assert cli.main(["doctor", collapse, "--format", "html", "-o", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text()
+    assert "plotly" in page and 'id="verdict"' in page and "threshold:entropy_collapse" in page
+    assert cli.main(["doctor", str(tmp_path / "nothing")]) == 2
+    assert "expected a forksight DuckDB file" in capsys.readouterr().err
+
+
+def test_html_escapes_run_text(tmp_path):
+    (tmp_path / "<i>x.jsonl").write_text("".join(
+        json.dumps({"step": s, "entropy": 2.0 * 0.9 ** s, "reward": 0.1}) + "\n" for s in range(80)))
+    assert cli.main(["doctor", str(tmp_path / "<i>x.jsonl"), "--format", "html", "-o",
+                     str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text()
+    assert "<i>x" not in page and "&lt;i&gt;x" in page
+
+
+def test_import_brings_the_run_into_the_store_with_its_alerts(tmp_path, capsys):
+    from forksight.monitor.collector.store import Store
+
+    db = str(tmp_path / "i.duckdb")
+    assert cli.main(["import", str(LOGS / "collapse" / "tb"), "--db", db, "--run", "trl-collapse"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    direct = diagnose(str(LOGS / "collapse" / "tb"))
+    with Store(db) as store:
+        assert store.reader.list_runs()["run_id"].tolist() == ["trl-collapse"]
+        frame = store.reader.read_scalars("trl-collapse", keys=["entropy/mean"], downsample=10_000)
+        alerts = store.reader.read_alerts("trl-collapse")
+    assert frame["step"].tolist() == direct.steps
+    assert frame["value"].tolist() == pytest.approx([r["entropy/mean"] for r in direct.rows])
+    assert summary["alerts"] == len(alerts) == len(direct.alerts)
+    assert set(alerts["signal"]) >= {"entropy/mean"}
+    # and doctor reads the store back with the same verdict
+    assert diagnose(db, "trl-collapse").verdict == direct.verdict
