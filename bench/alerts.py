@@ -28,9 +28,9 @@ from forksight.monitor.collector.store import Store
 # mean. rlwatch's own EntropyCollapseDetector (default: entropy < 1.0 for 50 steps -> critical,
 # 25 -> warning) runs on the same series. Real runs: bench/alerts_real.py (cached in tests/data).
 # The peers are pinned and live in their own folder, never in the project venv:
-#     .venv/bin/pip install --target .venv/bench-peers --no-deps rlwatch==0.5.1 rlprobe==0.1.0
+#     .venv/bin/pip install --target .venv/bench-peers --no-deps rlwatch==0.5.1 rlprobe==0.1.0 rldoctor==0.2.0
 TARGET_LEAD = 20
-PEERS = {"rlwatch": "0.5.1", "rlprobe": "0.1.0"}
+PEERS = {"rlwatch": "0.5.1", "rlprobe": "0.1.0", "rldoctor": "0.2.0"}
 PEERS_DIR = Path(__file__).resolve().parents[1] / ".venv" / "bench-peers"
 
 

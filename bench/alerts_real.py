@@ -256,10 +256,35 @@ def rlprobe_alerts(steps: list[int], rows: list[dict]) -> list[dict]:
     return out
 
 
+# forksight key -> the TRL name rldoctor 0.2.0's aliases resolve (it reads TRL, verl, OpenRLHF logs)
+RLDOCTOR_KEYS = {"reward/mean": "reward", "reward/std": "reward_std", "entropy/mean": "entropy", "kl": "kl",
+                 "grad_norm": "grad_norm", "loss": "loss", "groups/zero_var_frac": "frac_reward_zero_std",
+                 "length/mean": "completions/mean_length", "length/clip_frac": "completions/clipped_ratio",
+                 "clip/frac": "clip_ratio/region_mean", "eval/reward": "eval_reward"}
+
+
+def rldoctor_alerts(steps: list[int], rows: list[dict], check_every: int = 25) -> list[dict]:
+    """rldoctor 0.2.0's LiveMonitor (its defaults: min_steps 60, alert at warning), fed every step;
+    a finding counts at the step it is first announced (or announced worse)."""
+    import logging
+
+    from rl_doctor.live import LiveMonitor
+
+    logging.getLogger("rl-doctor").setLevel(logging.CRITICAL + 1)   # its own log lines: not ours to print
+    monitor, out = LiveMonitor(check_every=check_every, on_finding=lambda f: None), []
+    for step, row in zip(steps, rows):
+        record = {RLDOCTOR_KEYS.get(k, k): v for k, v in row.items()}
+        for f in monitor.log(record, step=step):
+            out.append({"detector": f.detector, "severity": f.severity.name.lower(), "step": step})
+    return out
+
+
 # ---------------------------------------------------------------------------- per run, summary
-_COLLAPSE = {"forksight": "entropy_collapse", "rlwatch": "entropy_collapse", "rlprobe": "entropy_collapse"}
-# rlwatch and rlprobe watch KL for blow-ups, not entropy: with beta = 0 (no reference) KL is 0
-_EXPLOSION = {"forksight": "entropy_explosion", "rlwatch": "kl_explosion", "rlprobe": "kl_blowup"}
+_COLLAPSE = {"forksight": "entropy_collapse", "rlwatch": "entropy_collapse", "rlprobe": "entropy_collapse",
+             "rldoctor": "entropy_collapse"}
+# rlwatch, rlprobe and rldoctor watch KL for blow-ups, not entropy: with beta = 0 (no reference) KL is 0
+_EXPLOSION = {"forksight": "entropy_explosion", "rlwatch": "kl_explosion", "rlprobe": "kl_blowup",
+              "rldoctor": "kl_drift"}
 
 
 def _judge(tool: str, alerts: list[dict], kind: str, collapse: int | None, explosion: int | None,
@@ -295,7 +320,9 @@ def evaluate_run(name: str, run: dict, config=None) -> dict:
            "collapse_step": collapse, "explosion_step": explosion,
            "forksight": _judge("forksight", ours, kind, collapse, explosion, _columns(rows)),
            "rlwatch": _judge("rlwatch", rlwatch_alerts(steps, rows), kind, collapse, explosion),
-           "rlprobe": _judge("rlprobe", rlprobe_alerts(steps, rows), kind, collapse, explosion)}
+           "rlprobe": _judge("rlprobe", rlprobe_alerts(steps, rows), kind, collapse, explosion),
+           "rldoctor": _judge("rldoctor", rldoctor_alerts(steps, rows), kind, collapse, explosion),
+           "rldoctor_every_step": _judge("rldoctor", rldoctor_alerts(steps, rows, 1), kind, collapse, explosion)}
     out["forksight"]["alerts"] = [f"{a['step']} {a['detector']}/{a['severity']}" for a in ours]
     out["forksight"]["first_message"] = ours[0]["message"] if ours else None
     return out
@@ -308,7 +335,7 @@ def real_part(cache: Path = CACHE, retrain: bool = False) -> dict:
     collapse = [r for r in runs if r["kind"] == "collapse" and r["collapse_step"] is not None]
     quiet = [r for r in runs if r["kind"] in ("healthy", "no_signal")]
     summary = {}
-    for tool in ("forksight", "rlwatch", "rlprobe"):
+    for tool in ("forksight", "rlwatch", "rlprobe", "rldoctor", "rldoctor_every_step"):
         leads = [r[tool]["lead"] for r in collapse]
         summary[tool] = {
             "collapse_leads": leads,
@@ -317,7 +344,7 @@ def real_part(cache: Path = CACHE, retrain: bool = False) -> dict:
             "false_alarms_healthy_and_no_signal": sum(r[tool]["false_alarms"] for r in quiet),
             "false_alarms_all_runs": sum(r[tool]["false_alarms"] for r in runs)}
     explode = [r for r in runs if r["kind"] == "explode"]
-    for tool in ("forksight", "rlwatch", "rlprobe"):
+    for tool in ("forksight", "rlwatch", "rlprobe", "rldoctor", "rldoctor_every_step"):
         summary[tool]["explosion_leads"] = {r["run"]: r[tool]["lead"] for r in explode}
     # shown, not hidden: what fired on runs that should be quiet but is counted as expected
     summary["forksight"]["expected_alerts_on_no_signal"] = {
