@@ -68,7 +68,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from forksight.trainer.loop import train
 
-    result = train(config)
+    try:
+        result = train(config)
+    except RuntimeError as exc:
+        # the DuckDB file could not be opened (held by a collector, unreadable, damaged): the
+        # store's message says why and what to do; anything else is a bug and keeps its traceback
+        if not (config.db and str(exc).startswith(f"cannot open {config.db}")):
+            raise
+        print(f"forksight train: {exc}", file=sys.stderr)
+        return 1
     if result.steps is not None:
         line = json.dumps({"run_id": result.run_id, "steps": result.steps,
                            "stopped_early": result.stopped_early, "seconds": result.seconds,

@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+DEMO_DB = "forksight-demo.duckdb"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -27,7 +28,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "demo", help="Train all/fork/ict side by side on the tiny model, live in the dashboard.",
         description="Starts a collector with the dashboard, then three training processes.")
-    parser.add_argument("--db", default="forksight-demo.duckdb", help="DuckDB file of the demo.")
+    parser.add_argument("--db", default=DEMO_DB, help="DuckDB file of the demo.")
     parser.add_argument("--host", default="127.0.0.1", help="Collector address (loopback).")
     parser.add_argument("--port", type=int, default=8050, help="Collector port.")
     parser.add_argument("--preset", default="collapse",
@@ -95,6 +96,25 @@ def _prepare_models(args: argparse.Namespace) -> None:
     resolve_models(config, task, 0, 1)
 
 
+def _check_strategies(strategies: list[str]) -> str | None:
+    """Why --strategies cannot run (unknown or repeated names, none given), or None."""
+    import difflib
+
+    from forksight.trainer.config import STRATEGIES
+
+    if not strategies:
+        return f"--strategies is empty; give some of {', '.join(STRATEGIES)} separated by commas"
+    for name in strategies:
+        if name not in STRATEGIES:
+            close = difflib.get_close_matches(name, STRATEGIES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            return f"unknown strategy {name!r} in --strategies{hint}; choose from {', '.join(STRATEGIES)}"
+    repeated = sorted({s for s in strategies if strategies.count(s) > 1})
+    if repeated:
+        return f"--strategies names {', '.join(repeated)} twice; each strategy trains once (one run each)"
+    return None
+
+
 def _stop(procs: dict[str, subprocess.Popen], grace: float = 15.0) -> None:
     for proc in procs.values():
         if proc.poll() is None:
@@ -113,6 +133,18 @@ def run(args: argparse.Namespace) -> int:
     from forksight.compose.app import Collector
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    problem = _check_strategies(strategies)
+    if problem:              # before the collector, the file or the warm-up
+        print(f"forksight demo: {problem}", file=sys.stderr)
+        return 2
+    from forksight.compose.serve_cli import port_in_use
+
+    busy = port_in_use(args.host, args.port) if args.host.strip() else None
+    if busy:
+        print(f"forksight demo: port {args.port} on {args.host} is in use ({busy}); is another "
+              f"`forksight serve` or demo running? Choose a free port with --port, e.g. --port {args.port + 1}",
+              file=sys.stderr)
+        return 1
     started = time.monotonic()
     # Ctrl-C / SIGTERM set a flag the loop polls: an exception raised into whatever runs at that
     # moment (a DuckDB query, a print) would skip the clean shutdown below

@@ -70,7 +70,14 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 2
-    size = os.path.getsize(args.db) if os.path.isfile(args.db) else 0
+    busy = port_in_use(args.host, args.port)
+    if busy:                 # before the file: a refused start leaves nothing behind
+        print(f"forksight serve: port {args.port} on {args.host or 'every interface'} is in use ({busy}); "
+              f"is another `forksight serve` or demo running? Choose a free port with --port, "
+              f"e.g. --port {args.port + 1}", file=sys.stderr)
+        return 1
+    existed = os.path.isfile(args.db)
+    size = os.path.getsize(args.db) if existed else 0
     if size >= SAY_VERIFY_BYTES and not args.skip_verify:     # seconds of silence otherwise
         print(f"forksight serve: checking every block of {args.db} ({size / 2**30:.1f} GiB, about 25 ms "
               "per million rows) before serving; --skip-verify starts at once", file=sys.stderr, flush=True)
@@ -85,8 +92,11 @@ def run_serve(args: argparse.Namespace) -> int:
         store.close()
         raise
     where = f"http://{args.host}:{args.port}" if args.host.strip() else f"every interface, port {args.port}"
-    print(f"forksight collector on {where} (db {args.db}); "
+    print(f"forksight collector on {where} (db {os.path.abspath(args.db)}{'' if existed else ', new'}); "
           f"API docs at /docs{'; token required' if token else ''}", flush=True)
+    hint = _other_db_hint(args.db, existed)
+    if hint:
+        print(hint, flush=True)
     # uvicorn handles SIGINT/SIGTERM itself, shuts down, then raises the signal again with the
     # handler that was set before it ran: for SIGTERM (docker stop, systemd, Kubernetes) Python's
     # default killed the process before store.close(). This handler lets the raise return, so a
@@ -102,6 +112,38 @@ def run_serve(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGTERM, previous)
     print(f"forksight collector stopped; {args.db} closed", flush=True)
     return 0
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why (host, port) cannot be bound now, or None: bound the way uvicorn binds (SO_REUSEADDR),
+    then released at once."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"cannot resolve {host!r}: {exc.strerror}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
+def _other_db_hint(db: str, existed: bool) -> str | None:
+    """A new default file next to the demo's: say where the demo's runs are and how to open them."""
+    from forksight.compose.demo import DEMO_DB
+
+    if existed or os.path.basename(db) == DEMO_DB:
+        return None
+    demo = os.path.join(os.path.dirname(os.path.abspath(db)), DEMO_DB)
+    if not os.path.isfile(demo):
+        return None
+    return (f"forksight serve: {db} is a new, empty file; the demo's runs are in {DEMO_DB}: "
+            f"forksight serve --db {DEMO_DB}")
 
 
 def _stop_quietly_on_sigterm():

@@ -74,8 +74,17 @@ def open_sink(run: str | RunSpec = "run", url: str | None = None, db: str | None
     (one that is not a valid run id becomes its nearest, with a warning) plus RunSpec fields:
     strategy, model, config, project="default", rank=0, stop_on_alert=False, token, resume=False
     (continue the run whose id is `run`, not a new `run-2`). Ranks > 0 never open a DuckDB file
-    (one process owns it)."""
+    (one process owns it). Rank 0 prints one line: where to see the run (sinks/announce.py)."""
     spec = RunSpec.of(run, **fields)
+    sink = _open(spec, url, db, embedded)
+    if not spec.rank:
+        from forksight.monitor.sinks.announce import announce
+
+        announce(sink)
+    return sink
+
+
+def _open(spec: RunSpec, url: str | None, db: str | None, embedded: bool) -> Sink:
     if url:
         return HttpSink(url, spec)
     if db:
