@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-DEMO_DB = "forksight-demo.duckdb"
+from forksight.compose.serve_cli import DEMO_DB, port_in_use
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -137,8 +137,6 @@ def run(args: argparse.Namespace) -> int:
     if problem:              # before the collector, the file or the warm-up
         print(f"forksight demo: {problem}", file=sys.stderr)
         return 2
-    from forksight.compose.serve_cli import port_in_use
-
     busy = port_in_use(args.host, args.port) if args.host.strip() else None
     if busy:
         print(f"forksight demo: port {args.port} on {args.host} is in use ({busy}); is another "

@@ -9,6 +9,7 @@ import sys
 import threading
 
 SAY_VERIFY_BYTES = 1 << 30      # from this size on, serve says it is checking the file (seconds)
+DEMO_DB = "forksight-demo.duckdb"  # `forksight demo`'s default file
 
 
 def add_parser(subparsers) -> None:
@@ -135,8 +136,6 @@ def port_in_use(host: str, port: int) -> str | None:
 
 def _other_db_hint(db: str, existed: bool) -> str | None:
     """A new default file next to the demo's: say where the demo's runs are and how to open them."""
-    from forksight.compose.demo import DEMO_DB
-
     if existed or os.path.basename(db) == DEMO_DB:
         return None
     demo = os.path.join(os.path.dirname(os.path.abspath(db)), DEMO_DB)
