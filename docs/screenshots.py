@@ -1,0 +1,126 @@
+"""Regenerate the README's screenshots (docs/screenshots/) from a fresh demo.
+
+    .venv/bin/python docs/screenshots.py                 # fresh `forksight demo`, then shoot
+    .venv/bin/python docs/screenshots.py --db forksight-demo.duckdb   # shoot an existing file
+
+It runs `forksight demo --exit-when-done` into a temporary file (unless --db is given), serves
+that file with `forksight serve` on a free loopback port, opens each page in headless Debian
+Chromium and writes runs.png, run.png, tokens.png, compare.png and alerts.png. Look at them
+before committing: a screenshot is for a reader, not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu"]
+VIEWPORT = {"width": 1400, "height": 1000}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fresh_demo(db: Path, steps: int) -> None:
+    """`forksight demo` to the end of its runs, into `db`."""
+    cmd = [sys.executable, "-m", "forksight", "demo", "--db", str(db), "--port",
+           str(free_port()), "--steps", str(steps), "--exit-when-done"]
+    print("running:", " ".join(cmd), flush=True)
+    started = time.monotonic()
+    subprocess.run(cmd, check=True)
+    print(f"demo done in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def serve(db: Path) -> tuple[subprocess.Popen, str]:
+    """`forksight serve` over db on a free port, once /api/health answers."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "forksight", "serve", "--db", str(db),
+                             "--port", str(port)])
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/api/health", timeout=2).status_code < 500:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"forksight serve exited with {proc.returncode}")
+        time.sleep(0.5)
+    proc.terminate()
+    raise SystemExit("forksight serve did not answer within 120 s")
+
+
+def pick_runs(url: str) -> dict[str, str]:
+    """strategy -> run id of the newest run per strategy."""
+    runs = httpx.get(url + "/api/runs", timeout=10).json()
+    runs = runs.get("runs", runs) if isinstance(runs, dict) else runs
+    out: dict[str, str] = {}
+    for run in runs:                                   # newest first
+        out.setdefault(run.get("strategy") or "?", run["run_id"])
+    return out
+
+
+def shoot(url: str, out: Path) -> list[Path]:
+    from playwright.sync_api import sync_playwright
+
+    runs = pick_runs(url)
+    main = runs.get("all") or next(iter(runs.values()))
+    compare = ",".join(runs[s] for s in ("all", "fork", "ict") if s in runs) or main
+    shots = [("runs.png", "/", "#runs-table td", False),
+             ("run.png", f"/run?run={quote(main)}", "#run-heatmap .main-svg", True),
+             ("tokens.png", f"/tokens?run={quote(main)}", "#tok-main .tok", False),
+             ("compare.png", f"/compare?runs={quote(compare)}", "#cmp-verdicts .chip", True),
+             ("alerts.png", "/alerts", ".alerts-table, .empty-note", False)]
+    written = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport=VIEWPORT)
+        for name, path, ready, full in shots:
+            page.goto(url + path)
+            page.wait_for_selector(ready, timeout=60_000)
+            page.wait_for_load_state("networkidle")
+            page.wait_for_timeout(1500)                # plotly's transitions settle
+            target = out / name
+            page.screenshot(path=str(target), full_page=full)
+            written.append(target)
+            print("wrote", target, flush=True)
+        browser.close()
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", type=Path, help="shoot this DuckDB file instead of a fresh demo")
+    parser.add_argument("--steps", type=int, default=100, help="demo steps per run")
+    parser.add_argument("--out", type=Path, default=HERE / "screenshots", help="output folder")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="forksight-shots-") as tmp:
+        db = args.db
+        if db is None:
+            db = Path(tmp) / "demo.duckdb"
+            fresh_demo(db, args.steps)
+        proc, url = serve(db)
+        try:
+            shoot(url, args.out)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
