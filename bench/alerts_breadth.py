@@ -138,7 +138,7 @@ def rldoctor_matrix(runs: dict, expected: dict) -> dict:
             for a in rldoctor_alerts(run["steps"], rows, every):
                 first.setdefault(a["detector"], f"{a['step']} ({a['severity']})")
             out[name][f"check_every={every}"] = first
-            false[every] += [f"{name}: {d}" for d in first if d not in ok] if expected.get(run["kind"]) else []
+            false[every] += [f"{name}: {d}" for d in first if d not in ok] if run["kind"] in expected else []
     return {"runs": out, "false_alarms": {f"check_every={k}": v for k, v in false.items()}}
 
 
