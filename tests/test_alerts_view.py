@@ -73,3 +73,18 @@ def test_split_fix_keeps_one_fix_line():
         ("Entropy low [signal `x` = 1]", "lower the lr.")
     assert split_fix("no fix in text", "the action") == ("no fix in text", "the action")
     assert split_fix(None, None) == ("", "")
+
+
+def test_runs_table_alert_cell_links_to_the_alerts_view_of_its_run(store):
+    from forksight.dashboard.pages.runs import runs_rows
+
+    rows = seed_alerts(store)
+    by_id = {r["id"]: r for r in runs_rows(store.reader, prefix="/dash/")}
+    for rid in {r["run_id"] for r in rows}:
+        mine = [r for r in rows if r["run_id"] == rid]
+        crit = sum(r["severity"] == "critical" for r in mine)
+        warn = len(mine) - crit
+        text = " · ".join(t for t in (f"{crit} critical" if crit else "",
+                                      f"{warn} warning" if warn else "") if t)
+        assert by_id[rid]["alerts"] == f"[{text}](/dash/alerts?run={rid})"
+        assert by_id[rid]["health"] == "waiting"          # no step logged yet
