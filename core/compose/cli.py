@@ -7,13 +7,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from forksight.compose import alerts_cli, doctor, serve_cli
+from forksight.compose import alerts_cli, compact_cli, doctor, serve_cli
 from forksight.trainer import cli as train_cli
 from forksight.compose import demo
 
 # each module's add_parser registers its subcommand(s); order is the order in `forksight --help`
 SUBCOMMANDS = (
     serve_cli.add_parser,     # serve, export
+    compact_cli.add_parser,   # compact
     train_cli.add_parser,     # train
     alerts_cli.add_parser,    # alerts replay
     doctor.add_parser,        # doctor, import
