@@ -106,17 +106,23 @@ def html_page(result: Diagnosis) -> str:
     items = "".join(
         f'<li class="{e(f["severity"])}"><b>{e(f["severity"])} · {e(f["detector"])}</b> at step {f["step"]}'
         f'{" (fired " + str(f["times"]) + "×)" if f["times"] > 1 else ""}<p>{e(f["message"])}</p>'
-        f'<p><i>What to do:</i> {e(f["action"])}</p><pre>{e(json.dumps(f["evidence"], indent=1, sort_keys=True))}</pre></li>'
+        f'<p><i>What to do:</i> {e(f["action"])}</p><details><summary>evidence</summary>'
+        f'<pre>{e(json.dumps(f["evidence"], indent=1, sort_keys=True))}</pre></details></li>'
         for f in findings(result)) or "<li>No detector fired.</li>"
+    rows = "".join(f'<tr class="{e(f["severity"])}"><td><b>{e(f["severity"])}</b></td><td>{e(f["detector"])}</td>'
+                   f'<td>step {f["step"]}</td><td>{e(f.get("signal") or "")}</td><td>{e(f["action"][:140])}</td></tr>'
+                   for f in findings(result))
     missing = "".join(f"<li>{e(d)}: {e(why)}</li>" for d, why in result.not_checked.items())
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
 <title>forksight doctor: {e(result.name)}</title><style>
 body{{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#212529}}
 .verdict{{font-size:1.6em;color:{color}}} li{{margin-bottom:1em}} li.critical b{{color:#c92a2a}}
-li.warning b{{color:#e67700}} pre{{background:#f1f3f5;padding:.5em;font-size:.8em;overflow:auto}}
+li.warning b{{color:#e67700}} tr.critical b{{color:#c92a2a}} tr.warning b{{color:#e67700}}
+td{{padding:.2em .6em;font-size:.9em;vertical-align:top}} pre{{background:#f1f3f5;padding:.5em;font-size:.8em;overflow:auto}}
 </style></head><body><h1>forksight doctor: {e(result.name)}</h1>
 <p class="verdict" id="verdict">{e(result.verdict)}</p><p>{e(result.kind)} · {e(_span(result))} · {e(result.source)}</p>
-<h2>Findings</h2><ul id="findings">{items}</ul><h2>Charts</h2>{''.join(charts)}
+<table id="summary">{rows}</table>
+<h2>Charts</h2>{''.join(charts)}<h2>Findings</h2><ul id="findings">{items}</ul>
 <h2>Checked</h2><p>{e(', '.join(result.checked) or 'nothing')}</p>
 <h2>Not checked (the log lacks their signal)</h2><ul>{missing or '<li>none</li>'}</ul></body></html>
 """
