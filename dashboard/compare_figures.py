@@ -108,15 +108,13 @@ def _run_alerts(run: dict, panel_of: dict, x_axis: str) -> tuple[list[dict], lis
                              "step": forecast}})
     if getattr(verdict, "state", "") in FADED and verdict.step is not None:
         # where the run was lost, on every panel: what it shows past this line is no progress
+        # (unlabelled: the legend and the chips above name it; labels collided with titles)
         for panel in panel_of.values():
             x = steps_x([verdict.step], panel["rows"][run["run_id"]], x_axis)[0]
             shapes.append({"type": "line", "xref": panel["x"], "x0": x, "x1": x,
                            "yref": f"{panel['y']} domain", "y0": 0, "y1": 1,
                            "name": f"{verdict.state}:{run['run_id']}",
-                           "line": {"color": color, "dash": "dot", "width": 1.5},
-                           "label": {"text": escape_markup(f"{run['label']} {verdict.state}"),
-                                     "textposition": "end", "textangle": -90,
-                                     "font": {"size": 10, "color": color}}})
+                           "line": {"color": color, "dash": "dot", "width": 1.5}})
     return out, shapes
 
 

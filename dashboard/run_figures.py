@@ -286,7 +286,7 @@ def passk_figure(scalars: pd.DataFrame, *, alerts: pd.DataFrame | None = None,
         panels[gap_key(keys)] = (gap, "x", "y2")
     layers = alert_layers(alerts, panels, x_axis)
     data += layers["data"]
-    layout = base_layout("Reward, pass@k and the diversity gap pass@G − pass@1", height=390,
+    layout = base_layout("Reward and pass@k; below, the diversity gap", height=390,
                          x_axis=x_axis, uirevision=uirevision, shapes=layers["shapes"],
                          annotations=layers["annotations"],
                          yaxis={"domain": [0.36, 1.0], "title": {"text": "reward / pass@k"}},
