@@ -41,3 +41,8 @@ def test_attaching_forksight_repeats_no_warning_of_the_training_script(tmp_path,
     assert max(without.values()) == 1            # without forksight each warning shows once
     assert with_forksight == without, (with_forksight - without)
     assert (tmp_path / "runs.duckdb").exists()
+    # what forksight itself adds to the script's output: one line, where to see the run
+    ours = [line for line in attached.splitlines() if line.startswith("forksight")]
+    assert ours == [f"forksight: run quiet is stored in {tmp_path / 'runs.duckdb'}; to see it: forksight serve "
+                    f"--db {tmp_path / 'runs.duckdb'}, then http://127.0.0.1:8050/run?run=quiet"]
+    assert not [line for line in plain.splitlines() if line.startswith("forksight")]

@@ -3,6 +3,7 @@ run, with forksight attached on DB when given; what it prints is what the test c
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 from datasets import Dataset
@@ -26,7 +27,7 @@ def main(model_dir: str, out: str, db: str | None = None) -> None:
     trainer = GRPOTrainer(model=model, args=config, reward_funcs=even_first_token, train_dataset=data,
                           processing_class=tokenizer)
     if db:
-        forksight.trl.attach(trainer, db=db, run="quiet")
+        forksight.trl.attach(trainer, db=str(Path(db).resolve()), run="quiet")
     trainer.train()
 
 
