@@ -15,10 +15,13 @@ import tempfile
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "trl_logs"
-RUNS = {"collapse": dict(lr=1e-2, steps=60), "healthy": dict(lr=3e-4, steps=60)}
+RUNS = {"collapse": dict(lr=1e-2, steps=60), "healthy": dict(lr=3e-4, steps=60),
+        # two reward functions: the even-token reward the policy can move, and a strict "correct
+        # sum" check the untrained model never passes (always 0): a constant term teaches nothing
+        "composition": dict(lr=3e-4, steps=60, strict=True)}
 
 
-def train(name: str, lr: float, steps: int, out: Path) -> None:
+def train(name: str, lr: float, steps: int, out: Path, strict: bool = False) -> None:
     import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -27,8 +30,15 @@ def train(name: str, lr: float, steps: int, out: Path) -> None:
 
     torch.set_num_threads(1)
 
-    def reward(completions, completion_ids, **kwargs):
+    def even_token(completions, completion_ids, **kwargs):
         return [1.0 if ids and ids[0] % 2 == 0 else 0.0 for ids in completion_ids]
+
+    def correct_sum(prompts, completions, **kwargs):
+        out = []
+        for prompt, text in zip(prompts, completions):
+            a, b = prompt.split(":")[1].split("=")[0].split("+")
+            out.append(1.0 if text.strip().startswith(str(int(a) + int(b))) else 0.0)
+        return out
 
     model, tokenizer = load(build_tiny())
     with tempfile.TemporaryDirectory() as tmp:
@@ -39,7 +49,7 @@ def train(name: str, lr: float, steps: int, out: Path) -> None:
                             max_steps=steps, logging_steps=1, save_strategy="steps", save_steps=steps,
                             save_only_model=True, disable_tqdm=True)
         data = Dataset.from_list([{"prompt": f"Q: {10 + i}+{20 + i}= A:"} for i in range(64)])
-        trainer = GRPOTrainer(model=model, args=config, reward_funcs=reward, train_dataset=data,
+        trainer = GRPOTrainer(model=model, args=config, reward_funcs=[even_token, correct_sum] if strict else even_token, train_dataset=data,
                               processing_class=tokenizer)
         trainer.train()
         out.mkdir(parents=True, exist_ok=True)

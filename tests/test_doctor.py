@@ -92,3 +92,19 @@ def test_import_brings_the_run_into_the_store_with_its_alerts(tmp_path, capsys):
     assert set(alerts["signal"]) >= {"entropy/mean"}
     # and doctor reads the store back with the same verdict
     assert diagnose(db, "trl-collapse").verdict == direct.verdict
+
+
+def test_a_constant_reward_component_in_a_real_trl_run():
+    """TRL with two reward functions (bench/doctor_fixtures.py "composition"): the even-token reward
+    moves, the strict correct-sum check is 0 on every step the log shows; only that is reported."""
+    source = LOGS / "composition" / "trainer_state.json"
+    history = json.loads(source.read_text())["log_history"]
+    strict = [e["rewards/correct_sum/mean"] for e in history if "rewards/correct_sum/mean" in e]
+    even = [e["rewards/even_token/mean"] for e in history if "rewards/even_token/mean" in e]
+    assert max(strict) == 0.0 and np.std(even) > 0.05
+    for kind in ("trainer_state.json", "tb"):
+        result = diagnose(str(LOGS / "composition" / kind))
+        assert {a["detector"] for a in result.alerts} == {"reward_composition"}
+        [alert] = result.alerts
+        assert alert["signal"] == "rewards/even_token/mean"
+        assert alert["evidence"]["dead"] == ["rewards/correct_sum/mean"]
