@@ -540,7 +540,8 @@ def test_a_real_server_survives_a_short_fuzz_pass(tmp_path, api):
 
         fuzz()
         for data in _RAW:                  # not HTTP, or broken HTTP, on the socket itself
-            _raw(srv.port, data)
+            # the allowlisted Host (with the bound port): the broken part is what gets exercised
+            _raw(srv.port, data.replace(b"Host: 127.0.0.1\r\n", f"Host: 127.0.0.1:{srv.port}\r\n".encode()))
         assert srv.proc.poll() is None, srv.log()[-2000:]
         assert http.get("/api/health").status_code == 200
         valid = ipc(pa.table({"step": pa.array([9], pa.int64()), "sample_id": [0], "pos": [0]}))

@@ -96,7 +96,7 @@ class GuardMiddleware:
         if refusal is None:
             refusal = self._media_type(scope, headers) or self._declared_length(headers)
         if refusal is not None:
-            return await send_json(send, *refusal)
+            return await _refuse(send, *refusal)
         if self.token and self._token_in_query(scope) is not None:
             if _is_navigation(scope, headers):
                 return await self._redirect_without_token(scope, send)
@@ -237,6 +237,16 @@ def _with_cookie(send, token: str):
             message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", cookie)]}
         await send(message)
     return send_with_cookie
+
+
+async def _refuse(send, status: int, detail: str) -> None:
+    """send_json for a request refused before its body is read: if the client's broken body
+    (a bad chunk) made the server answer and close first, there is no one left to tell."""
+    try:
+        await send_json(send, status, detail)
+    except Exception as exc:  # noqa: BLE001 - h11's LocalProtocolError: the connection is closing
+        if "MUST_CLOSE" not in str(exc) and "CLOSED" not in str(exc):
+            raise
 
 
 async def send_json(send, status: int, detail: str) -> None:

@@ -113,6 +113,9 @@ def check_schema(prefix: bytes, max_columns: int = MAX_COLUMNS) -> bool:
     length = struct.unpack_from("<i", prefix, at)[0]
     if length <= 0:
         raise StreamRefused(400, "the stream does not start with a schema message")
+    if length > MAX_SCHEMA_BYTES and not at:      # no continuation marker either: not Arrow at all
+        raise StreamRefused(400, "body is not a valid Arrow IPC stream (it does not start with a schema "
+                            "message)")
     if length > MAX_SCHEMA_BYTES:
         raise StreamRefused(422, f"tokens: the schema message is {length} bytes (over {MAX_SCHEMA_BYTES}): a "
                             f"token body has at most {max_columns} columns; send the known columns only")

@@ -64,7 +64,9 @@ async def arrow_body(request: Request) -> bytes:
             try:
                 checked = check_schema(chunks[0])
             except StreamRefused as exc:
-                raise ApiError(exc.status, str(exc)) from None
+                if exc.status != 400:
+                    raise ApiError(exc.status, str(exc)) from None
+                checked = True     # malformed: read it whole (or see the client leave); parsing says so
     return b"".join(chunks)
 
 
