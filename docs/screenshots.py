@@ -73,15 +73,26 @@ def pick_runs(url: str) -> dict[str, str]:
     return out
 
 
+def first_forecast_step(url: str, run_id: str) -> int | None:
+    """The step of the run's first alert with a forecast (None: no forecast)."""
+    rows = httpx.get(url + "/api/alerts", params={"run_id": run_id}, timeout=10).json()
+    rows = rows.get("alerts", rows) if isinstance(rows, dict) else rows
+    steps = [int(r["step"]) for r in rows if r.get("forecast") is not None]
+    return min(steps) if steps else None
+
+
 def shoot(url: str, out: Path) -> list[Path]:
     from playwright.sync_api import sync_playwright
 
     runs = pick_runs(url)
     main = runs.get("all") or next(iter(runs.values()))
     compare = ",".join(runs[s] for s in ("all", "fork", "ict") if s in runs) or main
+    step = first_forecast_step(url, main)
+    at = f"&step={step}" if step is not None else ""
     shots = [("runs.png", "/", "#runs-table td", False),
              ("run.png", f"/run?run={quote(main)}", "#run-heatmap .main-svg", True),
-             ("tokens.png", f"/tokens?run={quote(main)}", "#tok-main .tok", False),
+             # the tokens where the collapse was forecast: still diverse, the alert's point
+             ("tokens.png", f"/tokens?run={quote(main)}{at}", "#tok-main .tok", False),
              ("compare.png", f"/compare?runs={quote(compare)}", "#cmp-verdicts .chip", True),
              ("alerts.png", "/alerts", ".alerts-table, .empty-note", False)]
     written = []
