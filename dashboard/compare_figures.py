@@ -129,6 +129,8 @@ def compare_figure(runs: Sequence[dict], *, panels: Sequence[str] = COMPARE_PANE
     """
     if not runs:
         return empty_figure("select runs to compare", height=400)
+    if all(r["scalars"] is None or r["scalars"].empty for r in runs):
+        return empty_figure("waiting for the first step of these runs…", height=200)
     panels, hidden = shown_panels(runs, panels)
     if not panels:
         return empty_figure("every picked metric is zero or not logged in these runs: "

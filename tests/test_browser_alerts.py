@@ -1,7 +1,8 @@
 """Issue 22 in a real headless Chromium against a real `forksight serve`: the alerts view (every
 alert, filters, links to a step), health chips on the runs table, run page and compare page,
 the run page's full alert list, and the legibility defects (threshold labels apart, heatmap
-ticks up to the data, log ticks, pass@k colours, unknown run, warm-up)."""
+ticks up to the data, log ticks, pass@k colours, unknown run, warm-up). Its screenshots are
+named browser-*.png: the README's come from a fresh demo (docs/screenshots.py)."""
 from __future__ import annotations
 
 import re
@@ -84,7 +85,7 @@ def test_alerts_view_lists_every_alert_newest_first_and_filters(served, page, tm
     rows = table_rows(page)
     newest = alerts.sort_values(["wall_time", "step"], ascending=False)
     assert [r["step"] for r in rows] == newest["step"].tolist()
-    page.screenshot(path=str(shots_dir(tmp_path) / "alerts.png"), full_page=True)
+    page.screenshot(path=str(shots_dir(tmp_path) / "browser-alerts.png"), full_page=True)
     # untick "warning": only the critical ones stay
     page.click("#alerts-severity input[value=warning]")
     critical = alerts[alerts["severity"] == "critical"]
@@ -129,7 +130,7 @@ def test_runs_table_shows_health_and_its_alert_count_opens_the_alerts_view(serve
          tr.querySelector('td[data-dash-column=health]').innerText]))""")
     assert health == {RUN: verdicts[RUN].label, HEALTHY: "healthy", WARMING: "waiting"}
     assert verdicts[RUN].state == "collapsed"
-    page.screenshot(path=str(shots_dir(tmp_path) / "runs.png"))
+    page.screenshot(path=str(shots_dir(tmp_path) / "browser-runs.png"))
     crit, warn = (int((alerts["severity"] == s).sum()) for s in ("critical", "warning"))
     link = page.locator("#runs-table td[data-dash-column=alerts] a")
     assert link.inner_text() == f"{crit} critical · {warn} warning"
@@ -165,7 +166,7 @@ def test_compare_page_names_each_runs_health_and_fades_the_collapsed_one(served,
         .map(t => [t.name, t.opacity])""")
     assert traces == [[f"{HEALTHY} (fork) · healthy", 1],
                       [f"{RUN} (all) · {verdicts[RUN].label}", 0.45]]
-    page.screenshot(path=str(shots_dir(tmp_path) / "compare.png"), full_page=True)
+    page.screenshot(path=str(shots_dir(tmp_path) / "browser-compare.png"), full_page=True)
 
 
 # ---------------------------------------------------------------- legibility in the browser

@@ -49,6 +49,9 @@ def test_all_zero_and_unlogged_panels_are_hidden_and_named():
     assert "pass@1, kl" in fig["layout"]["title"]["text"]
     none = C.compare_figure([a], panels=["pass@1"])
     assert none["data"] == [] and "pass@1" in none["layout"]["annotations"][0]["text"]
+    fresh = {**a, "scalars": a["scalars"].iloc[:0]}
+    wait = C.compare_figure([fresh], panels=["entropy/mean"])
+    assert "waiting for the first step" in wait["layout"]["annotations"][0]["text"]
 
 
 def test_alerts_are_markers_on_their_signals_panel_and_the_forecast_a_line():
