@@ -108,3 +108,21 @@ def test_a_constant_reward_component_in_a_real_trl_run():
         [alert] = result.alerts
         assert alert["signal"] == "rewards/even_token/mean"
         assert alert["evidence"]["dead"] == ["rewards/correct_sum/mean"]
+
+
+def test_import_keeps_a_non_finite_value_as_the_marker_the_detector_reads(tmp_path, capsys):
+    from forksight.monitor.collector.store import Store
+
+    rows = [{"step": s, "reward": 0.5, "grad_norm": "nan" if s == 12 else 1.0} for s in range(20)]
+    (tmp_path / "log.csv").write_text("step,reward,grad_norm\n" + "".join(
+        f"{r['step']},{r['reward']},{r['grad_norm']}\n" for r in rows))
+    db = str(tmp_path / "i.duckdb")
+    assert cli.main(["import", str(tmp_path / "log.csv"), "--db", db]) == 0
+    capsys.readouterr()
+    with Store(db) as store:
+        [run] = store.reader.list_runs()["run_id"].tolist()
+        alerts = store.reader.read_alerts(run)
+        marker = store.reader.read_scalars(run, keys=["nonfinite/grad_norm"])
+    assert marker["step"].tolist() == [12] and marker["value"].tolist() == [0.0]      # 0 = NaN
+    assert alerts["detector"].tolist() == ["non_finite"] and alerts["step"].tolist() == [12]
+    assert alerts["signal"].tolist() == ["grad_norm"]
