@@ -113,14 +113,34 @@ class PlatformCPU(PlatformBase):
     manual_seed_all = manual_seed
 
 
-def actor_worker(actor_rollout_ref_config):
-    """verl's ActorRolloutRefWorker (role 'actor') with its model initialised, on CPU."""
-    set_platform(PlatformCPU())
+def register_cpu_engines() -> None:
+    """verl's FSDP language-model engine for the `cpu` device (its registry knows cuda/npu)."""
     from verl.workers.engine.base import EngineRegistry
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
     for backend in ("fsdp", "fsdp2"):
         EngineRegistry._engines["language_model"][backend]["cpu"] = FSDPEngineWithLMHead
+
+
+def for_ray_workers() -> None:
+    """In verl's Ray workers (VERL_PLATFORM=cpu selects PlatformCPU): verl opens its process group
+    with "cpu:gloo,<device>:<backend>", which on CPU names the cpu device twice; torch refuses
+    that, so the duplicate is dropped; the CPU engines are registered before the engine is built."""
+    original = torch.distributed.init_process_group
+
+    def init_process_group(backend=None, *args, **kwargs):
+        if isinstance(backend, str) and "," in backend:
+            backend = ",".join(dict.fromkeys(backend.split(",")))
+        register_cpu_engines()
+        return original(backend, *args, **kwargs)
+
+    torch.distributed.init_process_group = init_process_group
+
+
+def actor_worker(actor_rollout_ref_config):
+    """verl's ActorRolloutRefWorker (role 'actor') with its model initialised, on CPU."""
+    set_platform(PlatformCPU())
+    register_cpu_engines()
     if not torch.distributed.is_initialized():
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
