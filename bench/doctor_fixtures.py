@@ -18,10 +18,13 @@ OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "trl_logs"
 RUNS = {"collapse": dict(lr=1e-2, steps=60), "healthy": dict(lr=3e-4, steps=60),
         # two reward functions: the even-token reward the policy can move, and a strict "correct
         # sum" check the untrained model never passes (always 0): a constant term teaches nothing
-        "composition": dict(lr=3e-4, steps=60, strict=True)}
+        "composition": dict(lr=3e-4, steps=60, strict=True),
+        # a verifier that rewards the wrong thing: training prompts pay for an even first token,
+        # held-out prompts (evaluated every 5 steps) score what the task wanted, an odd one
+        "divergence": dict(lr=5e-3, steps=60, gamed=True)}
 
 
-def train(name: str, lr: float, steps: int, out: Path, strict: bool = False) -> None:
+def train(name: str, lr: float, steps: int, out: Path, strict: bool = False, gamed: bool = False) -> None:
     import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -32,6 +35,10 @@ def train(name: str, lr: float, steps: int, out: Path, strict: bool = False) -> 
 
     def even_token(completions, completion_ids, **kwargs):
         return [1.0 if ids and ids[0] % 2 == 0 else 0.0 for ids in completion_ids]
+
+    def gamed_token(completion_ids, split, **kwargs):
+        return [float(bool(ids) and ids[0] % 2 == (0 if part == "train" else 1))
+                for ids, part in zip(completion_ids, split)]
 
     def correct_sum(prompts, completions, **kwargs):
         out = []
@@ -47,10 +54,13 @@ def train(name: str, lr: float, steps: int, out: Path, strict: bool = False) -> 
                             use_cpu=True, bf16=False, seed=0, per_device_train_batch_size=32, num_generations=8,
                             max_completion_length=8, learning_rate=lr, lr_scheduler_type="constant",
                             max_steps=steps, logging_steps=1, save_strategy="steps", save_steps=steps,
-                            save_only_model=True, disable_tqdm=True)
-        data = Dataset.from_list([{"prompt": f"Q: {10 + i}+{20 + i}= A:"} for i in range(64)])
-        trainer = GRPOTrainer(model=model, args=config, reward_funcs=[even_token, correct_sum] if strict else even_token, train_dataset=data,
-                              processing_class=tokenizer)
+                            save_only_model=True, disable_tqdm=True,
+                            **(dict(eval_strategy="steps", eval_steps=5, per_device_eval_batch_size=16) if gamed else {}))
+        data = Dataset.from_list([{"prompt": f"Q: {10 + i}+{20 + i}= A:", "split": "train"} for i in range(64)])
+        held = Dataset.from_list([{"prompt": f"Q: {50 + i}+{30 + i}= A:", "split": "eval"} for i in range(16)])
+        funcs = gamed_token if gamed else [even_token, correct_sum] if strict else even_token
+        trainer = GRPOTrainer(model=model, args=config, reward_funcs=funcs, train_dataset=data,
+                              eval_dataset=held if gamed else None, processing_class=tokenizer)
         trainer.train()
         out.mkdir(parents=True, exist_ok=True)
         shutil.copy(Path(tmp) / f"checkpoint-{steps}" / "trainer_state.json", out / "trainer_state.json")

@@ -126,3 +126,21 @@ def test_import_keeps_a_non_finite_value_as_the_marker_the_detector_reads(tmp_pa
     assert marker["step"].tolist() == [12] and marker["value"].tolist() == [0.0]      # 0 = NaN
     assert alerts["detector"].tolist() == ["non_finite"] and alerts["step"].tolist() == [12]
     assert alerts["signal"].tolist() == ["grad_norm"]
+
+
+def test_a_gamed_verifier_in_a_real_trl_run_is_divergence_first():
+    """TRL where training prompts pay for an even first token and held-out prompts (evaluated every
+    5 steps) for an odd one (bench/doctor_fixtures.py "divergence"): the logged training reward
+    climbs while eval_reward falls. Divergence is reported first and critical; what follows (the
+    policy collapsing onto even tokens, groups all-correct) is what the log shows too."""
+    history = json.loads((LOGS / "divergence" / "trainer_state.json").read_text())["log_history"]
+    held = [e["eval_reward"] for e in history if "eval_reward" in e]
+    assert held[0] > 0.3 and held[-1] < 0.05
+    for kind in ("trainer_state.json", "tb"):
+        result = diagnose(str(LOGS / "divergence" / kind))
+        first = min(result.alerts, key=lambda a: a["step"])
+        assert (first["detector"], first["severity"], first["signal"]) == \
+            ("reward_eval_divergence", "critical", "eval/reward")
+        assert first["evidence"]["reward_gain"] > 0 > first["evidence"]["eval_gain"]
+        assert {a["detector"] for a in result.alerts} <= {"reward_eval_divergence", "entropy_collapse",
+                                                           "lost_diversity", "degenerate_groups"}
