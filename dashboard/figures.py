@@ -239,7 +239,10 @@ def base_layout(title: str, *, height: int, x_axis: str = "step", log_y: bool = 
 def y_scale(log_y: bool) -> dict:
     """A y axis's type and tick labels: on a log axis powers of ten (10⁻³), never plotly's SI
     suffixes (which printed 101.5092n for 1e-7)."""
-    return {"type": "log", "exponentformat": "power"} if log_y else {"type": "linear"}
+    # hover values to 4 significant digits in decimal: 0.004184 (not 0.0041837291), 12000
+    hover = {"hoverformat": ".4~r"}
+    return {"type": "log", "exponentformat": "power", **hover} if log_y else \
+        {"type": "linear", **hover}
 
 
 def steps_x(steps: Sequence[int], rows: pd.DataFrame, x_axis: str) -> list:
