@@ -21,10 +21,14 @@ RUNS = {"collapse": dict(lr=1e-2, steps=60), "healthy": dict(lr=3e-4, steps=60),
         "composition": dict(lr=3e-4, steps=60, strict=True),
         # a verifier that rewards the wrong thing: training prompts pay for an even first token,
         # held-out prompts (evaluated every 5 steps) score what the task wanted, an odd one
-        "divergence": dict(lr=5e-3, steps=60, gamed=True)}
+        "divergence": dict(lr=5e-3, steps=60, gamed=True),
+        # a reward function that now and then returns an extreme value (one sample in ~8 steps
+        # scores 50), rewards not scaled by the group std: recurring gradient spikes
+        "spikes": dict(lr=3e-4, steps=60, spiky=True)}
 
 
-def train(name: str, lr: float, steps: int, out: Path, strict: bool = False, gamed: bool = False) -> None:
+def train(name: str, lr: float, steps: int, out: Path, strict: bool = False, gamed: bool = False,
+          spiky: bool = False) -> None:
     import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -35,6 +39,15 @@ def train(name: str, lr: float, steps: int, out: Path, strict: bool = False, gam
 
     def even_token(completions, completion_ids, **kwargs):
         return [1.0 if ids and ids[0] % 2 == 0 else 0.0 for ids in completion_ids]
+
+    calls = [0]
+
+    def spiky_token(completion_ids, **kwargs):
+        calls[0] += 1
+        out = even_token(None, completion_ids)
+        if calls[0] % 8 == 0:
+            out[0] = 50.0
+        return out
 
     def gamed_token(completion_ids, split, **kwargs):
         return [float(bool(ids) and ids[0] % 2 == (0 if part == "train" else 1))
@@ -55,10 +68,11 @@ def train(name: str, lr: float, steps: int, out: Path, strict: bool = False, gam
                             max_completion_length=8, learning_rate=lr, lr_scheduler_type="constant",
                             max_steps=steps, logging_steps=1, save_strategy="steps", save_steps=steps,
                             save_only_model=True, disable_tqdm=True,
-                            **(dict(eval_strategy="steps", eval_steps=5, per_device_eval_batch_size=16) if gamed else {}))
+                            **(dict(eval_strategy="steps", eval_steps=5, per_device_eval_batch_size=16) if gamed else {}),
+                            **(dict(scale_rewards="none") if spiky else {}))
         data = Dataset.from_list([{"prompt": f"Q: {10 + i}+{20 + i}= A:", "split": "train"} for i in range(64)])
         held = Dataset.from_list([{"prompt": f"Q: {50 + i}+{30 + i}= A:", "split": "eval"} for i in range(16)])
-        funcs = gamed_token if gamed else [even_token, correct_sum] if strict else even_token
+        funcs = spiky_token if spiky else gamed_token if gamed else [even_token, correct_sum] if strict else even_token
         trainer = GRPOTrainer(model=model, args=config, reward_funcs=funcs, train_dataset=data,
                               eval_dataset=held if gamed else None, processing_class=tokenizer)
         trainer.train()

@@ -144,3 +144,18 @@ def test_a_gamed_verifier_in_a_real_trl_run_is_divergence_first():
         assert first["evidence"]["reward_gain"] > 0 > first["evidence"]["eval_gain"]
         assert {a["detector"] for a in result.alerts} <= {"reward_eval_divergence", "entropy_collapse",
                                                            "lost_diversity", "degenerate_groups"}
+
+
+def test_recurring_gradient_spikes_in_a_real_trl_run():
+    """TRL whose reward function returns 50 for one sample every 8th call, rewards unscaled
+    (bench/doctor_fixtures.py "spikes"): the logged grad_norm jumps ~15x every 8 steps; the
+    gradient detector reports the spikes it counted, at their steps, and nothing else fires."""
+    history = json.loads((LOGS / "spikes" / "trainer_state.json").read_text())["log_history"]
+    norms = {e["step"]: e["grad_norm"] for e in history if "grad_norm" in e}
+    median = float(np.median(list(norms.values())))
+    big = sorted(s for s, g in norms.items() if g > 5 * median)
+    for kind in ("trainer_state.json", "tb"):
+        result = diagnose(str(LOGS / "spikes" / kind))
+        [alert] = result.alerts
+        assert alert["detector"] == "gradient" and alert["evidence"]["kind"] == "spikes"
+        assert set(alert["evidence"]["spikes"]) <= set(big) and alert["step"] == alert["evidence"]["spikes"][-1]
