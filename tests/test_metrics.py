@@ -281,6 +281,72 @@ def test_bad_inputs_raise_clear_errors():
     assert token_stats(z, mask=tokens >= 0, tokens=tokens).logp[1].tolist() == [0.0] * 3
 
 
+# ---------------------------------------------------------------------------- the fused (compiled) path
+
+
+def _fused_case(dtype):
+    z = random_logits((6, 7, 997), scale=4.0, seed=31)
+    z[0, 0, :400] = -float("inf")  # masked vocabulary
+    mask = torch.ones(6, 7, dtype=torch.bool)
+    mask[1, 4:] = False  # ragged lengths, garbage in the padding
+    mask[4, 1:] = False
+    z[~mask] = float("nan")
+    tokens = torch.randint(0, 997, (6, 7), generator=torch.Generator().manual_seed(32))
+    tokens[0, 0] = 500  # a token the masked row can sample
+    return z.to(dtype), mask, tokens
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_path_matches_float64_reference_and_the_eager_path(dtype):
+    z, mask, tokens = _fused_case(dtype)
+    zz = z.to(torch.float64).numpy().copy()
+    zz[~mask.numpy()] = 0.0
+    ref = ref_stats(zz, temperature=0.8)
+    ref_logp = np.take_along_axis(ref["logq"], tokens.numpy()[..., None], -1)[..., 0] * mask.numpy()
+    for groups in ([0, 0, 0, 1, 1, 1], None):  # runs of equal size: the fused JS kernel; no JS
+        kw = dict(mask=mask, tokens=tokens, group_ids=groups, temperature=0.8, chunk_size=5)
+        fused = token_stats(z, fused=True, **kw)
+        eager = token_stats(z, fused=False, **kw)
+        for name in ("entropy", "renyi2", "top1"):
+            np.testing.assert_allclose(getattr(fused, name).numpy(), ref[name] * mask.numpy(), atol=TOL, err_msg=name)
+        np.testing.assert_allclose(fused.logp.numpy(), ref_logp, atol=TOL)
+        if groups:
+            np.testing.assert_allclose(fused.js.numpy(), ref_js(ref["p"], mask.numpy(), groups), atol=TOL)
+        names = ("entropy", "renyi2", "top1", "logp") + (("js",) if groups else ())
+        for name in names:
+            torch.testing.assert_close(getattr(fused, name), getattr(eager, name), atol=2e-5, rtol=0)
+
+
+FALLBACK_CHILD = """
+import warnings, torch
+from forksight.hooks.metrics import fused, token_stats
+fused.FUSED_MIN_ELEMENTS = 0  # take the fused path even for this small call
+z = torch.randn(4, 3, 50)
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    auto = token_stats(z, tokens=torch.zeros(4, 3, dtype=torch.long), group_ids=[0, 0, 1, 1])
+eager = token_stats(z, tokens=torch.zeros(4, 3, dtype=torch.long), group_ids=[0, 0, 1, 1], fused=False)
+assert torch.equal(auto.js, eager.js) and torch.equal(auto.entropy, eager.entropy)
+assert any("using the eager path" in str(w.message) for w in seen), [str(w.message) for w in seen]
+try:
+    token_stats(z, fused=True)
+except RuntimeError as err:
+    print("refused:", err)
+"""
+
+
+def test_without_a_working_compiler_the_eager_path_answers_with_a_warning(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    # a real failure: no C++ compiler where inductor looks for it, and no cached kernels to reuse
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", FALLBACK_CHILD], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "refused: the fused per-token kernels cannot run here" in out.stdout
+
+
 # ---------------------------------------------------------------------------- token_kl
 
 

@@ -4,7 +4,9 @@ ICT JS to the group mean, and the reverse KL to a teacher (docs/algorithms.md §
 Everything heavy works on blocks of token rows in float32 scratch, so the extra memory stays
 bounded by `chunk_size × V × 4` bytes however large B·T is. Per block the logits are read twice
 (max, then shift-and-convert); exp is taken once and H, H2, top-1 and log p come from three row
-sums of the same exp. bench/metrics.py measures it against a log-prob pass.
+sums of the same exp. Where torch.compile works, each block's sums run as one compiled kernel
+(hooks/metrics/fused.py; these eager ops are the fallback). bench/metrics.py measures both
+against the fastest chunked log_softmax + gather.
 """
 from __future__ import annotations
 
@@ -26,6 +28,11 @@ _STATS_ROWS = 4  # per token: e, s (later e·s), e², and a gathered or projecte
 # (bench/metrics.py): blocks of a few MB lose to per-op thread barriers, blocks of 100s of MB
 # to cache misses; 32-64 MB blocks sat in between.
 _BLOCK_FLOATS = 1 << 25
+# The fused path's blocks (rows × V floats), chosen with bench/metrics.py --sweep at [6, 256, 151936],
+# 1 thread: without JS nothing of size V is written and bigger blocks only amortise the per-block
+# calls (~110 rows); with JS e is written and read back, so its block stays cache-sized (~34 rows).
+_FUSED_TOKEN_FLOATS = 1 << 24
+_FUSED_JS_FLOATS = 5 << 20
 
 
 @dataclass
@@ -86,9 +93,9 @@ def _raise_nonfinite(m: Tensor, active: Tensor) -> None:
         )
 
 
-def _block_rows(chunk_size: int, rows_per_item: int, vocab: int) -> int:
+def _block_rows(chunk_size: int, rows_per_item: int, vocab: int, budget: int = _BLOCK_FLOATS) -> int:
     """How many items (tokens or positions) a block holds within the scratch budget (≥ 1)."""
-    return max(1, min(chunk_size, _BLOCK_FLOATS // vocab) // rows_per_item)
+    return max(1, min(chunk_size, budget // vocab) // rows_per_item)
 
 
 class _Sums:
@@ -188,7 +195,8 @@ def _stats_by_tokens(src: LogitsSource, valid: Tensor, toks, inv_temp: float, ch
     if n == 0:
         return True
     b_all, t_all = flat // src.time, flat % src.time
-    rows = _block_rows(chunk_size, 1 if use_fused else _STATS_ROWS, src.vocab)
+    rows = (_block_rows(chunk_size, 1, src.vocab, _FUSED_TOKEN_FLOATS) if use_fused
+            else _block_rows(chunk_size, _STATS_ROWS, src.vocab))
     buf = None if use_fused else torch.empty((3, min(rows, n), src.vocab), dtype=torch.float32, device=src.device)
     sums = _Sums((n,), src.device, toks is not None)
     tok_valid = toks[b_all, t_all] if toks is not None else None
@@ -312,7 +320,7 @@ def _stats_by_positions_fused(src: LogitsSource, valid: Tensor, toks, groups: Te
     act = valid[:, positions].T.contiguous()  # [P, B]
     count = act.to(torch.float32).view(n_pos, n_groups, k).sum(-1)  # [P, G]
     mean_weight = act / count.clamp(min=1)[:, groups]  # [P, B]; 0 when inactive
-    per_block = _block_rows(chunk_size, batch, vocab)  # scratch: e, B rows per position
+    per_block = _block_rows(chunk_size, batch, vocab, _FUSED_JS_FLOATS)  # scratch: e, B rows per position
     e_buf = torch.empty((per_block * batch, vocab), dtype=torch.float32, device=device)
     sums = _Sums((n_pos, batch), device, toks is not None)
     neg_h = torch.empty((n_pos, batch + n_groups), dtype=torch.float32, device=device)

@@ -1,0 +1,142 @@
+"""The fused path of token_stats: each block's sums in one compiled kernel (torch.compile: C++ on
+the CPU, Triton on CUDA), the eager path in token_stats.py being the fallback (docs:
+../shared/ALGORITHMS.md §1, §2).
+
+Per block of rows, after an eager max m (one cheap read, and the NaN/inf check):
+  `sums`   one read of the logits: s = (z − m)/temp, e = exp(s), and Σe, Σe·s, Σe² accumulated
+           from the same e; nothing of size V is written.
+  `sums_e` the same, also writing e (float32) into a scratch buffer, for JS.
+  `js`     from e of one position's whole group [G, k, V]: P̄ = Σ_j w_j e_j (w_j = 1/(|A|·Σe_j),
+           0 for inactive rows) and Σ M log M, Σ P̄ log P̄ for M_i = ½(e_i/Σe_i + P̄).
+exp is a degree-7 polynomial with a power-of-two scale (Cephes expf, rel. error < 1e-7): inductor's
+exp on the CPU is the accurate SLEEF one, 2-3x slower than the exp PyTorch's own softmax uses,
+which made the compiled kernel lose to the log-softmax it was measured against (bench/metrics.py).
+s is clamped at −87 (e ≥ 1.6e-38) so −inf logits give a negligible term, never NaN.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+
+import torch
+from torch import Tensor
+
+_LOG2E = 1.4426950408889634
+_EXP_MIN = -87.0  # exp(−87) ≈ 1.6e-38, still a normal float32
+_XLOGX_MIN = 1e-37  # Σ x log x clamps x here: 0·log 0 = 0 up to 1e-35 per term
+# Work (rows × V) below which the eager path is used: a first compile takes tens of seconds.
+FUSED_MIN_ELEMENTS = 1 << 24
+ENV_SWITCH = "FORKSIGHT_FUSED"  # "0": never compile; "1": the default (compile where it pays)
+
+
+def _exp(s: Tensor) -> Tensor:
+    """exp(s) for s in [−87, 0]: 2**n · P(r) with n = round(s·log2 e), r = s − n·ln 2 (Cephes)."""
+    n = torch.floor(s * _LOG2E + 0.5)
+    r = s - n * 0.693359375 + n * 2.12194440e-4
+    p = r * 1.9875691500e-4 + 1.3981999507e-3
+    for c in (8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        p = p * r + c
+    p = p * r * r + r + 1.0
+    return p * ((n.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
+def _shifted(z: Tensor, m: Tensor, inv_temp: float) -> Tensor:
+    return ((z.to(torch.float32) - m.unsqueeze(-1)) * inv_temp).clamp(min=_EXP_MIN)
+
+
+def _sums(z: Tensor, m: Tensor, inv_temp: float) -> tuple[Tensor, Tensor, Tensor]:
+    s = _shifted(z, m, inv_temp)
+    e = _exp(s)
+    return e.sum(-1), (e * s).sum(-1), (e * e).sum(-1)
+
+
+def _sums_e(z: Tensor, m: Tensor, inv_temp: float, e_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    s = _shifted(z, m, inv_temp)
+    e = _exp(s)
+    e_out.copy_(e)
+    return e.sum(-1), (e * s).sum(-1), (e * e).sum(-1)
+
+
+def _js(e: Tensor, inv_s1: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+    """e [c, G, k, V]; inv_s1, w [c, G, k]. Returns Σ M log M [c, G, k] and Σ P̄ log P̄ [c, G]."""
+    w = w.unsqueeze(-1)
+    # a select, not a product: an inactive row may hold NaN (padding garbage) and 0·NaN = NaN
+    mean = torch.where(w > 0, e * w, 0.0).sum(2, keepdim=True)
+    mix = (e * inv_s1.unsqueeze(-1) + mean) * 0.5
+    mix_c, mean_c = mix.clamp(min=_XLOGX_MIN), mean.clamp(min=_XLOGX_MIN)
+    return (mix_c * mix_c.log()).sum(-1), (mean_c * mean_c.log()).sum(-1).squeeze(-1)
+
+
+class _Kernels:
+    """The compiled functions, compiled on first use; `failed` once a compile or first run broke."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.compiled: dict[str, object] = {}
+        self.proven: set[tuple] = set()  # (name, device type, dtype, ndim) that ran once
+        self.failed: str | None = None
+
+    def call(self, name: str, fn, key: tuple, *args):
+        with self.lock:
+            compiled = self.compiled.get(name)
+            if compiled is None:
+                compiled = self.compiled[name] = torch.compile(fn, dynamic=True, fullgraph=True)
+        if key in self.proven:
+            return compiled(*args)
+        try:
+            out = compiled(*args)
+        except Exception as err:  # no compiler, no Triton, an unsupported device: eager from now on
+            self.failed = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+            warnings.warn(
+                f"forksight: torch.compile of the per-token kernels failed ({self.failed}); "
+                f"using the eager path (set {ENV_SWITCH}=0 to skip the attempt)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return None
+        self.proven.add(key)
+        return out
+
+
+_KERNELS = _Kernels()
+
+
+def use_fused(fused: bool | None, elements: int, device: torch.device) -> bool:
+    """Whether this call takes the fused path: fused=True forces it (an error if it cannot run),
+    False never; None (default) takes it when it pays (≥ FUSED_MIN_ELEMENTS) and can run."""
+    if fused is False:
+        return False
+    if fused is None:
+        if os.environ.get(ENV_SWITCH, "1") == "0" or _KERNELS.failed is not None:
+            return False
+        if device.type not in ("cpu", "cuda") or elements < FUSED_MIN_ELEMENTS:
+            return False
+    elif _KERNELS.failed is not None:
+        raise RuntimeError(f"the fused per-token kernels cannot run here: {_KERNELS.failed}")
+    return True
+
+
+def failure() -> str | None:
+    """Why the compiled kernels cannot run here (None: they can, or were not tried)."""
+    return _KERNELS.failed
+
+
+def _key(name: str, z: Tensor) -> tuple:
+    return (name, z.device.type, z.dtype, z.dim())
+
+
+def sums(z: Tensor, m: Tensor, inv_temp: float):
+    """(Σe, Σe·s, Σe²) per row of z [..., V], or None when the kernel cannot run (use eager)."""
+    return _KERNELS.call("sums", _sums, _key("sums", z), z, m.to(torch.float32), inv_temp)
+
+
+def sums_e(z: Tensor, m: Tensor, inv_temp: float, e_out: Tensor):
+    """As `sums`, also writing e = exp(s) into e_out (float32, z's shape); None: use eager."""
+    return _KERNELS.call("sums_e", _sums_e, _key("sums_e", z), z, m.to(torch.float32), inv_temp, e_out)
+
+
+def js(e: Tensor, inv_s1: Tensor, w: Tensor):
+    """(Σ M log M [c, G, k], Σ P̄ log P̄ [c, G]) of e [c, G, k, V]; None: use eager."""
+    return _KERNELS.call("js", _js, _key("js", e), e, inv_s1, w)
+
