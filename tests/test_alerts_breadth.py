@@ -1,9 +1,9 @@
 """The failure classes beyond entropy, each on a real run of the bundled trainer made to show it
 (cached by bench/alerts_breadth.py in tests/data): its detector fires there, and no detector fires
-on a scenario made for another; the new detectors stay quiet on every healthy real run. Reward–eval
-divergence, reward composition and gradient pathologies have no bundled-trainer scenario (no
-gradient clipping at 2x the healthy lr gave no spike; at 10x the run blew up as an explosion):
-hand-worked series."""
+on a scenario made for another; the new detectors stay quiet on every healthy real run.
+All-correct groups, reward–eval divergence, reward composition and gradient spikes are shown on
+real TRL runs made for them (tests/test_doctor.py, tests/data/trl_logs); here also hand-worked
+series for those detectors' rules."""
 from __future__ import annotations
 
 import json
