@@ -141,6 +141,11 @@ PRESETS: dict[str, dict[str, Any]] = {
                     prompts_per_step=8, group_size=8, warmup=True, warmup_pass=0.3),
     "collapse": dict(task="collapse", lr=3e-3, temperature=1.0, steps=100, prompts_per_step=8,
                      group_size=8, warmup=False, max_new_tokens=6, eval_every=0),
+    # readable reasoning: addition worked in words and digits by the warm-started tiny model, at a
+    # learning rate it survives (1e-3 and up wreck it within 5 steps: entropy explodes, not collapses)
+    "readable": dict(task="steps", level=1, lr=1e-4, temperature=1.0, steps=100, prompts_per_step=8,
+                     group_size=8, warmup=True, warmup_pass=0.3, warmup_max_seconds=900,
+                     max_new_tokens=40, eval_every=0),
     "tiny-test": dict(task="arith", steps=2, prompts_per_step=2, group_size=4, max_new_tokens=4,
                       warmup=False, eval_problems=4, eval_samples=2, eval_every=0,
                       progress=False),

@@ -246,6 +246,9 @@ class StepsTask:
     digits: int = 2
     name: str = "steps"
     max_new_tokens: int = 40  # two digits: at most 37 tokens and EOS
+    # the supervised warm-up that reaches sampled pass@1 0.3 fastest on the tiny model (measured:
+    # ~400 steps; 256-row batches at 2e-3 take 4x longer per step for no fewer steps)
+    warmup_settings: dict = field(default_factory=lambda: {"lr": 3e-3, "batch": 64}, repr=False)
 
     def __post_init__(self) -> None:
         if self.digits not in (2, 3):

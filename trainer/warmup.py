@@ -32,7 +32,8 @@ def warm_path(base: str | Path, task: Task, target_pass: float, loss: str, seed:
 def ensure_warm(base: str | Path, task: Task, *, target_pass: float = 0.3, loss: str = "ce",
                 seed: int = 0, max_seconds: float = 180.0, progress: bool = True, **train_kw) -> Path:
     """Path of a model warmed up on `task` to sampled pass@1 ≥ target_pass (cached);
-    train_kw go to `supervised` (lr, batch, eval_every)."""
+    train_kw go to `supervised` (lr, batch, eval_every), over the task's own `warmup_settings`."""
+    train_kw = {**getattr(task, "warmup_settings", {}), **train_kw}
     out = warm_path(base, task, target_pass, loss, seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:

@@ -6,7 +6,9 @@ collector — printing one status line per run until the runs end or Ctrl-C.
 The default preset is `collapse`: a reward whose optimum is one fixed string at a high learning
 rate. Plain GRPO collapses first (the warning ~15 steps before entropy is gone); training only
 fork tokens or ICT tokens holds out longer under the very same settings — the contrast the
-papers report, live.
+papers report, live. `--preset readable` shows readable reasoning instead: the tiny model,
+warm-started on addition worked in words and digits, with its fork tokens on the digits it has
+to compute (it holds at the learning rate that preset uses: no collapse to watch there).
 """
 from __future__ import annotations
 
@@ -32,7 +34,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="Collector address (loopback).")
     parser.add_argument("--port", type=int, default=8050, help="Collector port.")
     parser.add_argument("--preset", default="collapse",
-                        help="Trainer preset every run starts from (see `forksight train --help`).")
+                        help="Trainer preset every run starts from: collapse (default; plain GRPO "
+                             "collapses first, fork/ict hold longer) or readable (addition worked in "
+                             "words and digits by the warm-started tiny model: fork tokens on the digits "
+                             "it must compute); see `forksight train --help`.")
     parser.add_argument("--steps", type=int, default=100, help="RL steps per run.")
     parser.add_argument("--strategies", default="all,fork,ict",
                         help="Comma-separated strategies to train side by side.")
