@@ -7,6 +7,7 @@ import shutil
 import site
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -42,7 +43,11 @@ def test_wheel_top_level_holds_forksight_only(wheel):
     for room in COLLIDING:
         assert f"forksight/{room}/__init__.py" in names
     assert "forksight/dashboard/assets/style.css" in names
-    assert "forksight/__main__.py" in names and "forksight/cli.py" in names
+    assert "forksight/__main__.py" in names and "forksight/compose/cli.py" in names
+    # every sub-package (room) the source declares is in the wheel
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    for package in packages:
+        assert package.replace(".", "/") + "/__init__.py" in names, package
 
 
 def test_installed_wheel_works_beside_users_own_trainer_and_hooks(wheel, tmp_path):

@@ -82,17 +82,17 @@ def open_run_sink(config: TrainConfig, run_name: str, rank: int, world: int):
     """The sink for this rank. One run for all ranks: rank 0 creates it, the others join the
     live run of the same name (the collector merges a step across ranks). With db=..., only
     rank 0 logs: a DuckDB file belongs to one process (use url for multi-rank runs)."""
+    from forksight.base.runspec import RunSpec
     from forksight.monitor.sinks.client import NullSink, open_sink
 
     if not config.stream:
         return NullSink(run_name)
-    common = dict(url=config.url, db=config.db, strategy=config.strategy,
-                  model=config.model or "tiny-qwen2", config=config.model_dump(),
-                  project=config.project, stop_on_alert=config.stop_on_alert)
-    sink = open_sink(run=run_name, rank=0, resume=config.resume, **common) if rank == 0 else None
+    spec = RunSpec.of(run_name, strategy=config.strategy, model=config.model or "tiny-qwen2",
+                      config=config.model_dump(), project=config.project, stop_on_alert=config.stop_on_alert)
+    sink = open_sink(spec.replace(resume=config.resume), url=config.url, db=config.db) if rank == 0 else None
     _barrier(world)  # the run exists before the other ranks ask to join it
     if rank != 0:
-        sink = open_sink(run=run_name, rank=rank, **common)
+        sink = open_sink(spec.replace(rank=rank), url=config.url, db=config.db)
     return sink
 
 
