@@ -28,6 +28,14 @@ _XLOGX_MIN = 1e-37  # Σ x log x clamps x here: 0·log 0 = 0 up to 1e-35 per ter
 # Work (rows × V) below which the eager path is used: a first compile takes tens of seconds.
 FUSED_MIN_ELEMENTS = 1 << 24
 ENV_SWITCH = "FORKSIGHT_FUSED"  # "0": never compile; "1": the default (compile where it pays)
+# Blocks (rows × V floats), chosen with bench/metrics.py --sweep at [6, 256, 151936], 1 thread:
+# without JS nothing of size V is written and bigger blocks amortise the per-block calls (~110
+# rows); with JS e is written and read back, so its block stays cache-sized (~34 rows).
+TOKEN_FLOATS = 1 << 24
+JS_FLOATS = 5 << 20
+# bf16/fp16 logits on the CPU: inductor's in-kernel conversion ran the kernel 2-3x slower, so
+# each block is first converted to float32 into one reused buffer, in blocks of ~8 rows.
+CONVERT_FLOATS = 5 << 18
 
 
 def _exp(s: Tensor) -> Tensor:
@@ -115,6 +123,21 @@ def use_fused(fused: bool | None, elements: int, device: torch.device) -> bool:
     elif _KERNELS.failed is not None:
         raise RuntimeError(f"the fused per-token kernels cannot run here: {_KERNELS.failed}")
     return True
+
+
+def needs_conversion(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether blocks are converted to float32 before the kernel (non-float32 on the CPU)."""
+    return dtype != torch.float32 and device.type == "cpu"
+
+
+def equal_runs(groups: Tensor, n_groups: int) -> bool:
+    """Whether the rows come as n_groups runs of equal size, group 0 first (dense ids): the
+    layout the JS kernel takes ([c, G, k, V]); TRL and verl lay groups out this way."""
+    batch = groups.numel()
+    if batch % n_groups:
+        return False
+    expected = torch.arange(n_groups, device=groups.device).repeat_interleave(batch // n_groups)
+    return bool(torch.equal(groups, expected))
 
 
 def failure() -> str | None:

@@ -101,6 +101,11 @@ class LogitsSource:
             raise ValueError("the vocabulary dimension V is empty")
         self.logits, self.hidden, self.weight, self.bias = logits, hidden, weight, bias
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype blocks come in: the logits', or the weight's (the projection's)."""
+        return (self.logits if self.logits is not None else self.weight).dtype
+
     def block(self, t_pos: Tensor, t_host: Tensor) -> Tensor:
         """Logits of all B rows at positions t_pos as [c, B, V]; a strided view when the positions
         (t_host: the same, sorted, on the CPU) form a run."""

@@ -28,11 +28,6 @@ _STATS_ROWS = 4  # per token: e, s (later e·s), e², and a gathered or projecte
 # (bench/metrics.py): blocks of a few MB lose to per-op thread barriers, blocks of 100s of MB
 # to cache misses; 32-64 MB blocks sat in between.
 _BLOCK_FLOATS = 1 << 25
-# The fused path's blocks (rows × V floats), chosen with bench/metrics.py --sweep at [6, 256, 151936],
-# 1 thread: without JS nothing of size V is written and bigger blocks only amortise the per-block
-# calls (~110 rows); with JS e is written and read back, so its block stays cache-sized (~34 rows).
-_FUSED_TOKEN_FLOATS = 1 << 24
-_FUSED_JS_FLOATS = 5 << 20
 
 
 @dataclass
@@ -113,8 +108,10 @@ class _Sums:
             self.s_y[index] = planes[1].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         self.s1[index], self.sz[index], self.s2[index] = _row_sums(planes)
 
-    def fill_fused(self, index, z: Tensor, inv_temp: float, tokens: Tensor | None, e_out=None) -> bool:
+    def fill_fused(self, index, z: Tensor, inv_temp: float, tokens: Tensor | None, e_out=None, conv=None) -> bool:
         """The same from the compiled kernel (e written to e_out when given); False: use eager."""
+        if conv is not None:  # bf16/fp16 on the CPU: converted here, into one reused buffer
+            z = conv[: z[..., 0].numel()].view(z.shape).copy_(z)
         m = z.amax(dim=-1)
         got = _fused.sums(z, m, inv_temp) if e_out is None else _fused.sums_e(z, m, inv_temp, e_out)
         if got is None:
@@ -195,8 +192,12 @@ def _stats_by_tokens(src: LogitsSource, valid: Tensor, toks, inv_temp: float, ch
     if n == 0:
         return True
     b_all, t_all = flat // src.time, flat % src.time
-    rows = (_block_rows(chunk_size, 1, src.vocab, _FUSED_TOKEN_FLOATS) if use_fused
+    rows = (_block_rows(chunk_size, 1, src.vocab, _fused.TOKEN_FLOATS) if use_fused
             else _block_rows(chunk_size, _STATS_ROWS, src.vocab))
+    conv = None
+    if use_fused and _fused.needs_conversion(src.dtype, src.device):
+        rows = _block_rows(chunk_size, 1, src.vocab, _fused.CONVERT_FLOATS)
+        conv = torch.empty((min(rows, n), src.vocab), dtype=torch.float32, device=src.device)
     buf = None if use_fused else torch.empty((3, min(rows, n), src.vocab), dtype=torch.float32, device=src.device)
     sums = _Sums((n,), src.device, toks is not None)
     tok_valid = toks[b_all, t_all] if toks is not None else None
@@ -205,7 +206,7 @@ def _stats_by_tokens(src: LogitsSource, valid: Tensor, toks, inv_temp: float, ch
         z = src.rows(flat[blk], flat_host[blk])
         tok_blk = tok_valid[blk] if toks is not None else None
         if use_fused:
-            if not sums.fill_fused(blk, z, inv_temp, tok_blk):
+            if not sums.fill_fused(blk, z, inv_temp, tok_blk, conv=conv):
                 return False
             continue
         planes = buf[:, : flat[blk].numel()]
@@ -241,7 +242,7 @@ def _stats_by_positions(
     if n_pos == 0:
         return True
     n_groups = int(groups.max()) + 1
-    if use_fused and _equal_runs(groups, n_groups):
+    if use_fused and _fused.equal_runs(groups, n_groups):
         return _stats_by_positions_fused(src, valid, toks, groups, n_groups, positions, positions_host,
                                          inv_temp, chunk_size, out)
     onehot = torch.nn.functional.one_hot(groups, n_groups).to(torch.float32)  # [B, G]
@@ -302,15 +303,6 @@ def _finish_js(sums: _Sums, act: Tensor, neg_h: Tensor, count: Tensor, groups: T
             out[name][:, positions] = value.masked_fill(~act, 0.0).T
 
 
-def _equal_runs(groups: Tensor, n_groups: int) -> bool:
-    """Whether the rows come as n_groups runs of equal size, group 0 first (dense ids)."""
-    batch = groups.numel()
-    if batch % n_groups:
-        return False
-    expected = torch.arange(n_groups, device=groups.device).repeat_interleave(batch // n_groups)
-    return bool(torch.equal(groups, expected))
-
-
 def _stats_by_positions_fused(src: LogitsSource, valid: Tensor, toks, groups: Tensor, n_groups: int,
                               positions: Tensor, positions_host: Tensor, inv_temp: float, chunk_size: int,
                               out: dict) -> bool:
@@ -320,8 +312,10 @@ def _stats_by_positions_fused(src: LogitsSource, valid: Tensor, toks, groups: Te
     act = valid[:, positions].T.contiguous()  # [P, B]
     count = act.to(torch.float32).view(n_pos, n_groups, k).sum(-1)  # [P, G]
     mean_weight = act / count.clamp(min=1)[:, groups]  # [P, B]; 0 when inactive
-    per_block = _block_rows(chunk_size, batch, vocab, _FUSED_JS_FLOATS)  # scratch: e, B rows per position
+    per_block = _block_rows(chunk_size, batch, vocab, _fused.JS_FLOATS)  # scratch: e, B rows per position
     e_buf = torch.empty((per_block * batch, vocab), dtype=torch.float32, device=device)
+    conv = (torch.empty((per_block * batch, vocab), dtype=torch.float32, device=device)
+            if _fused.needs_conversion(src.dtype, device) else None)
     sums = _Sums((n_pos, batch), device, toks is not None)
     neg_h = torch.empty((n_pos, batch + n_groups), dtype=torch.float32, device=device)
     toks_pos = toks[:, positions].T if toks is not None else None
@@ -331,7 +325,7 @@ def _stats_by_positions_fused(src: LogitsSource, valid: Tensor, toks, groups: Te
         c = t_pos.numel()
         e = e_buf[: c * batch].view(c, batch, vocab)
         z = src.block(t_pos, positions_host[blk])  # [c, B, V]
-        if not sums.fill_fused(blk, z, inv_temp, toks_pos[blk] if toks is not None else None, e_out=e):
+        if not sums.fill_fused(blk, z, inv_temp, toks_pos[blk] if toks is not None else None, e_out=e, conv=conv):
             return False
         inv_s1 = sums.s1[blk].reciprocal().masked_fill_(~act[blk], 0.0)
         got = _fused.js(e.view(c, n_groups, k, vocab), inv_s1.view(c, n_groups, k),
