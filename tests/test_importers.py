@@ -121,7 +121,7 @@ def test_trl_trainer_state_and_checkpoint_directory(tmp_path):
     (lambda p: (p / "state.json").write_text('{"global_step": 3}') and p / "state.json", "no log_history"),
     (lambda p: (p / "x.csv").write_text("a,b\n1,2\n") and p / "x.csv", "no step column"),
     (lambda p: (p / "x.jsonl").write_text("not json\n") and p / "x.jsonl", "line 1 is not JSON"),
-    (lambda p: (p / "run-abc.wandb").write_bytes(b"\x00") and p, "W&B run directory"),
+    (lambda p: (p / "run-abc.wandb").write_bytes(b"\x00") and p, "is not a W&B run log.*expected a W&B offline"),
     (lambda p: (p / "x.bin").write_bytes(b"\x00") and p / "x.bin", "unknown kind of file"),
 ])
 def test_unreadable_sources_say_what_was_expected(tmp_path, make, expected):

@@ -18,7 +18,8 @@ MAX_STEPS = 1_000_000     # steps kept from one source (memory stays bounded wha
 MAX_KEYS = 1_000          # distinct metrics kept
 STEP_KEYS = ("step", "global_step", "_step", "iteration", "train/global_step", "trainer/global_step")
 EXPECTED = ("a forksight DuckDB file (with --run), a TRL trainer_state.json or checkpoint/output directory, "
-            "a TensorBoard log directory (events.out.tfevents.*), verl's file-logger JSONL "
+            "a TensorBoard log directory (events.out.tfevents.*), a W&B offline run directory (run-*.wandb), "
+            "verl's file-logger JSONL "
             '({"step": N, "data": {...}} per line), or a JSONL/CSV of step dicts with a "step" column')
 
 
@@ -223,10 +224,10 @@ def read_source(source: str | Path) -> ImportedRun:
             return read_trainer_state(state)
         if _event_dirs(path):
             return read_tensorboard(path)
-        if any(path.glob("*.wandb")) or any(path.glob("offline-run-*")) or any(path.glob("run-*.wandb")):
-            raise SourceError(f"{path} is a W&B run directory; forksight does not read W&B's binary .wandb "
-                              "files (that needs the wandb package): export the run's history to CSV or JSONL "
-                              "(wandb.Api().run(...).history() or `wandb sync` then export) and pass that file")
+        from forksight.monitor.importers.wandb_run import read_wandb, wandb_files
+
+        if wandb_files(path):
+            return read_wandb(path)
         logs = sorted(path.glob("*.jsonl"))
         if len(logs) == 1:
             return read_jsonl(logs[0])
@@ -238,6 +239,10 @@ def read_source(source: str | Path) -> ImportedRun:
         return read_jsonl(path)
     if path.suffix in (".csv", ".tsv"):
         return read_csv(path)
+    if path.suffix == ".wandb":
+        from forksight.monitor.importers.wandb_run import read_wandb
+
+        return read_wandb(path)
     if path.name.startswith("events.out.tfevents"):
         return read_tensorboard(path.parent)
     raise SourceError(f"{path}: unknown kind of file; expected {EXPECTED}")
