@@ -71,21 +71,24 @@ class Reader:
     def list_runs(self) -> pd.DataFrame:
         """All runs, newest first, with status derived from heartbeat age; a missing text
         (strategy, model, config) is None, never pandas' NaN (which reads as a float)."""
-        runs = self._query("""
+        return self._runs("", [])
+
+    def _runs(self, where: str, params: list) -> pd.DataFrame:
+        # the one definition of a run's row: list_runs and run both read it
+        runs = self._query(f"""
             SELECT r.run_id, r.name, r.project, r.strategy, r.model,
                    CASE WHEN r.status = 'live' AND r.heartbeat < ? THEN 'crashed' ELSE r.status END AS status,
                    r.created_at, r.heartbeat,
                    (SELECT max(s.step) FROM scalars s WHERE s.run_id = r.run_id) AS last_step,
                    r.config
-            FROM runs r ORDER BY r.created_at DESC, r.run_id""", [time.time() - self.stale_after])
+            FROM runs r {where} ORDER BY r.created_at DESC, r.run_id""", [time.time() - self.stale_after, *params])
         text = ["name", "project", "strategy", "model", "status", "config"]
         runs[text] = runs[text].astype(object).where(runs[text].notna(), None)
         return runs
 
     def run(self, run_id: str) -> dict | None:
         """One run's row as a dict (config parsed), or None."""
-        runs = self.list_runs()
-        row = runs[runs.run_id == run_id]
+        row = self._runs("WHERE r.run_id = ?", [run_id])
         if row.empty:
             return None
         out = row.iloc[0].to_dict()
@@ -158,10 +161,6 @@ class Reader:
                 q = int(PERCENTILE_KEY.match(df.at[idx, "key"]).group(1)) / 100.0
                 df.at[idx, "value"] = histogram_quantile(lo, hi, counts, q)
         return df
-
-    def step_scalars(self, run_id: str, step: int) -> dict[str, float]:
-        """All scalars of one step, ranks merged (what the alert hub sees)."""
-        return self.steps_scalars(run_id, [step]).get(int(step), {})
 
     def steps_scalars(self, run_id: str, steps: Sequence[int]) -> dict[int, dict[str, float]]:
         """Scalars of several steps in one query, ranks merged: step -> {key: value}. Plain rows,
