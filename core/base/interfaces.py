@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
+from forksight.base.limits import MAX_READ_TOKEN_ROWS
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -69,7 +71,8 @@ class Reader(Protocol):
 
     def token_steps(self, run_id: str, since_step: int | None = None) -> list[int]: ...
 
-    def read_tokens(self, run_id: str, step: int, sample_id: int | None = None) -> "pd.DataFrame": ...
+    def read_tokens(self, run_id: str, step: int, sample_id: int | None = None,
+                    limit: int = MAX_READ_TOKEN_ROWS) -> "pd.DataFrame": ...
 
     def read_samples(self, run_id: str, step: int | None = None, group_id: int | None = None,
                      limit: int = 10_000) -> "pd.DataFrame": ...

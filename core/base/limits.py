@@ -11,6 +11,7 @@ MAX_BODY_BYTES = 64 * 1024 * 1024      # one request body (JSON or Arrow IPC); l
 MAX_DECODED_BYTES = 256 * 1024 * 1024  # one Arrow body once decompressed, dictionaries expanded
 MAX_TOKEN_ROWS = 2_000_000             # per-token rows in one batch
 MAX_TOKEN_BLOCKS = 10_000              # per-step token blocks in one JSON batch
+MAX_READ_TOKEN_ROWS = 200_000          # token rows one dashboard read of a step takes (~40 MB)
 MAX_SCALAR_ROWS = 100_000              # scalar rows in one batch
 MAX_SAMPLE_ROWS = 20_000               # sample rows in one batch
 MAX_HISTOGRAMS = 10_000                # histograms in one batch

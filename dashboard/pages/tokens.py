@@ -7,6 +7,7 @@ import dash
 import pandas as pd
 from dash import Input, Output, State, ctx, dcc, html, no_update
 
+from forksight.base.limits import MAX_READ_TOKEN_ROWS
 from forksight.base.interfaces import Reader
 from forksight.dashboard import data
 from forksight.dashboard.data import LRU
@@ -47,6 +48,10 @@ def sample_options(tokens: pd.DataFrame, samples: pd.DataFrame) -> list[dict]:
     by_id = {int(r["sample_id"]): r for r in samples.to_dict("records")}
     options = [{"label": sample_label(by_id[s]) if s in by_id else f"#{s}", "value": str(s)}
                for s in with_tokens]
+    if len(tokens) >= MAX_READ_TOKEN_ROWS:     # said, not dropped in silence
+        options.append({"label": f"(this step holds over {MAX_READ_TOKEN_ROWS:,} token rows: the page read the "
+                                 f"first {MAX_READ_TOKEN_ROWS:,}; GET /api/runs/<id>/tokens pages through all)",
+                        "value": "truncated", "disabled": True})
     if not samples.empty and samples["group_id"].notna().any():
         for g in sorted(samples["group_id"].dropna().astype(int).unique()):
             options += [{"label": f"group {g}: lowest reward", "value": f"low:{g}"},

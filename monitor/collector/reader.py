@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from forksight.base.downsample import keep_sql, max_points_of
-from forksight.base.limits import config_problem
+from forksight.base.limits import MAX_READ_TOKEN_ROWS, config_problem
 from forksight.base.tables import ALERTS, DATA_TABLES, SAMPLES, TOKENS
 
 if TYPE_CHECKING:                      # pandas loads with the first read, not in every producer
@@ -224,13 +224,16 @@ class Reader:
         df = self._query(f"SELECT DISTINCT step FROM tokens WHERE run_id = ?{since} ORDER BY step", params)
         return [int(s) for s in df["step"]]
 
-    def read_tokens(self, run_id: str, step: int, sample_id: int | None = None) -> pd.DataFrame:
-        """Per-token rows of one step (optionally one sample), ordered by rank, sample, position."""
+    def read_tokens(self, run_id: str, step: int, sample_id: int | None = None,
+                    limit: int = MAX_READ_TOKEN_ROWS) -> pd.DataFrame:
+        """Per-token rows of one step (optionally one sample), ordered by rank, sample, position;
+        at most `limit` rows (a step may hold millions: the caller sees len == limit and says so;
+        the HTTP route pages through all of them)."""
         cols = ", ".join(n for n in TOKENS.names if n != "run_id")
         sql, params = f"SELECT {cols} FROM tokens WHERE run_id = ? AND step = ?", [run_id, int(step)]
         if sample_id is not None:
             sql, params = sql + " AND sample_id = ?", params + [int(sample_id)]
-        return self._query(sql + " ORDER BY rank, sample_id, pos", params)
+        return self._query(sql + " ORDER BY rank, sample_id, pos LIMIT ?", [*params, max(1, int(limit))])
 
     def read_samples(self, run_id: str, step: int | None = None, group_id: int | None = None,
                      limit: int = 10_000) -> pd.DataFrame:
