@@ -317,6 +317,13 @@ def test_fused_path_matches_float64_reference_and_the_eager_path(dtype):
             torch.testing.assert_close(getattr(fused, name), getattr(eager, name), atol=2e-5, rtol=0)
 
 
+def test_fused_js_of_a_large_group_matches_the_reference():
+    z = random_logits((18, 3, 97), seed=33)  # one group of 18: JS's wide kernel (over 16 rows)
+    stats = token_stats(z, group_ids=[0] * 18, fused=True)
+    ref = ref_stats(z.numpy())
+    np.testing.assert_allclose(stats.js.numpy(), ref_js(ref["p"], np.ones((18, 3), bool), [0] * 18), atol=TOL)
+
+
 FALLBACK_CHILD = """
 import warnings, torch
 from forksight.hooks.metrics import fused, token_stats
