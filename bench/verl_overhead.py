@@ -12,6 +12,8 @@ Two measurements, each alternating bare / attached so machine load hits both ali
   verl.utils.torch_functional) bare vs plus forksight's top-1/JS (hooks/integrations/verl_worker.py),
   alternated per repetition; and the driver's ms to report a step of that many tokens
   (ForksightLogger.report into a DuckDB file: samples, token rows, summaries).
+- "v1_transfer_queue": the v1 trainer's step in a real TransferQueue; the driver's read per step,
+  bare (the fields verl's own metric pass reads) vs plus forksight's read of its fields.
 
 Runs its verl parts in .venv/verl (`make verl-env`).
 
@@ -66,6 +68,55 @@ def cpu_loop(pairs: int, steps: int) -> dict:
                                                 "attached": _median_ms(att["old_log_prob"])},
             "step_ms": {"bare": _median_ms(bare["step"]), "attached": _median_ms(att["step"])},
             "driver_ms_per_step": {"bare": 0.0, "attached": _median_ms(att["driver"])}}
+
+
+def tq_read_bench(rows: int, tokens: int, reps: int) -> dict:
+    """Runs in .venv/verl: a step's rows in a real TransferQueue (Ray, one storage unit); the
+    driver's read per step, bare = the fields verl's own _compute_metrics reads, attached = that
+    plus forksight's read_step (hooks/integrations/verl_v1.py), alternated."""
+    import ray
+    import torch
+    import transfer_queue as tq
+    from transfer_queue import KVBatchMeta
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    from forksight.hooks.integrations.verl_v1 import read_step
+
+    prompt = 16
+    g = torch.Generator().manual_seed(0)
+    fields, keys, tags = [], [], []
+    for i in range(rows):
+        fields.append({"prompts": torch.randint(3, 300, (prompt,), generator=g),
+                       "responses": torch.randint(3, 300, (tokens,), generator=g),
+                       "response_mask": torch.ones(tokens, dtype=torch.int64), "rm_scores": torch.rand(tokens),
+                       "uid": f"u{i // 4}", "extra_fields": {"reward_extra_info": {"acc": bool(i % 2)}},
+                       "entropy": torch.rand(tokens), "old_log_probs": -torch.rand(tokens),
+                       "advantages": torch.randn(tokens), "sum_pi_squared": torch.rand(prompt + tokens),
+                       "forksight_top1": torch.rand(prompt + tokens), "forksight_js": torch.rand(prompt + tokens),
+                       "num_turns": 2})
+        keys.append(f"u{i // 4}_{i % 4}_0")
+        tags.append({"seq_len": prompt + tokens})
+    verl_fields = ["prompts", "responses", "response_mask", "values", "advantages", "returns", "rm_scores",
+                   "token_level_rewards", "num_turns"]
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    try:
+        tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
+        tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
+        meta = KVBatchMeta(partition_id="train", keys=keys, tags=tags)
+        times = {"bare": [], "attached": []}
+        for rep in range(reps + 1):
+            for mode in ("bare", "attached"):
+                t0 = time.perf_counter()
+                tq.kv_batch_get(keys=keys, partition_id="train", select_fields=verl_fields)
+                if mode == "attached":
+                    read_step(tq, meta, "acc")
+                if rep:
+                    times[mode].append(time.perf_counter() - t0)
+        tq.close()
+    finally:
+        ray.shutdown()
+    return {"shape": f"{rows} rows x ({prompt} prompt + {tokens} response) tokens in TransferQueue", "reps": reps,
+            "driver_read_ms_per_step": {"bare": _median_ms(times["bare"]), "attached": _median_ms(times["attached"])}}
 
 
 def vocab_bench(rows: int, tokens: int, reps: int) -> dict:
@@ -139,7 +190,9 @@ def main() -> None:
     parser.add_argument("--vocab-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.vocab_only:                                           # the child, in .venv/verl
-        print(json.dumps(vocab_bench(args.rows, args.tokens, args.reps)))
+        result = vocab_bench(args.rows, args.tokens, args.reps)
+        result["v1_transfer_queue"] = tq_read_bench(args.rows, args.tokens, args.reps)
+        print(json.dumps(result))
         return
     if not VERL_PY.exists():
         print(json.dumps({"skipped": ".venv/verl is absent: `make verl-env` builds it"}))
@@ -149,7 +202,8 @@ def main() -> None:
                            text=True, timeout=1800)
     if child.returncode:
         raise RuntimeError(child.stderr[-3000:])
-    result = {"vocab_151936": json.loads(child.stdout.strip().splitlines()[-1])}
+    vocab = json.loads(child.stdout.strip().splitlines()[-1])
+    result = {"v1_transfer_queue": vocab.pop("v1_transfer_queue"), "vocab_151936": vocab}
     if args.pairs:
         result["cpu_loop"] = cpu_loop(args.pairs, args.steps)
     for part in result.values():
