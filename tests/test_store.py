@@ -289,3 +289,37 @@ def test_sink_keeps_a_steps_good_numbers_when_some_cannot_be_stored(tmp_path, ca
     text = caplog.text
     assert "'loss' is nan" in text and "over 200 characters" in text and "['advantage']" in text
     sink.finish()
+
+
+def test_runs_row_keeps_the_last_step_of_its_scalars_and_old_files_get_it_on_open(tmp_path):
+    import duckdb
+
+    db = str(tmp_path / "steps.duckdb")
+
+    def scalars(*steps):
+        return Records(scalars=scalars_table([{"step": s, "key": "loss", "value": 1.0} for s in steps]))
+
+    with Store(db) as store:
+        a, b, empty = store.create_run("a"), store.create_run("b"), store.create_run("empty")
+        store.write(a, scalars(5, 2, 9)).result()
+        store.write(a, scalars(3)).result()  # an older step arriving later (another rank) lowers nothing
+        store.write(b, scalars(0)).result()
+        store.write(b, Records(tokens=tokens_table({"sample_id": [0], "pos": [0]}, step=40))).result()  # not a scalar
+        kept = store.reader.list_runs().set_index("run_id")["last_step"]
+
+    def by_sql():  # computed another way: max(step) of each run's scalars
+        conn = duckdb.connect(db, read_only=True)
+        try:
+            return dict(conn.execute("SELECT run_id, max(step) FROM scalars GROUP BY run_id").fetchall())
+        finally:
+            conn.close()
+
+    assert by_sql() == {a: 9, b: 0}
+    assert (kept[a], kept[b]) == (9, 0) and pd.isna(kept[empty])
+    conn = duckdb.connect(db)  # a file written before the column existed
+    conn.execute("ALTER TABLE runs DROP COLUMN last_step")
+    conn.close()
+    with Store(db) as store:
+        again = store.reader.list_runs().set_index("run_id")["last_step"]
+        assert store.reader.run(a)["last_step"] == 9
+    assert (again[a], again[b]) == (9, 0) and pd.isna(again[empty])

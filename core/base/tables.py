@@ -111,6 +111,7 @@ RUNS = Table("runs", (
     _short("model", "model name or path"),
     Column("config", pa.string(), "the run's config as JSON"),
     Column("heartbeat", pa.float64(), "unix seconds of the last sign of life"),
+    Column("last_step", pa.int64(), "the largest step of the run's scalars, kept by the writer", wire=False),
 ), primary_key=("run_id",))
 
 SCALARS = Table("scalars", (
@@ -207,6 +208,13 @@ TOKEN_COLUMNS = {c.name: c for c in TOKENS.wire_columns()}
 SAMPLE_FIELDS = tuple(c.name for c in SAMPLES.wire_columns() if c.name != "step")
 
 
+# files written before runs.last_step was kept at ingest: computed once from their scalars
+RUNS_BACKFILL = """
+UPDATE runs SET last_step = (SELECT max(s.step) FROM scalars s WHERE s.run_id = runs.run_id)
+ WHERE last_step IS NULL;
+"""
+
+
 def schema_sql() -> str:
     """The DDL of every table, plus the columns older files lack."""
-    return "\n".join(t.ddl() + t.add_missing_columns() for t in TABLES.values()) + ALERTS_BACKFILL
+    return "\n".join(t.ddl() + t.add_missing_columns() for t in TABLES.values()) + ALERTS_BACKFILL + RUNS_BACKFILL

@@ -79,7 +79,7 @@ class Reader:
             SELECT r.run_id, r.name, r.project, r.strategy, r.model,
                    CASE WHEN r.status = 'live' AND r.heartbeat < ? THEN 'crashed' ELSE r.status END AS status,
                    r.created_at, r.heartbeat,
-                   (SELECT max(s.step) FROM scalars s WHERE s.run_id = r.run_id) AS last_step,
+                   r.last_step,
                    r.config
             FROM runs r {where} ORDER BY r.created_at DESC, r.run_id""", [time.time() - self.stale_after, *params])
         text = ["name", "project", "strategy", "model", "status", "config"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from forksight.base.records import Records
 from forksight.monitor.collector.dbfile import connect, duckdb_config
@@ -187,7 +188,8 @@ class Store(StoreHealth):
                 new_id, k = name, 2
                 while new_id in taken:
                     new_id, k = f"{name}-{k}", k + 1
-            cur.execute("INSERT INTO runs VALUES (?, ?, ?, ?, 'live', ?, ?, ?, ?)",
+            cur.execute("INSERT INTO runs (run_id, name, project, created_at, status, strategy, model, config, "
+                        "heartbeat) VALUES (?, ?, ?, ?, 'live', ?, ?, ?, ?)",
                         [new_id, name, project, now, strategy, model, config_text, now])
             return new_id
 
@@ -294,6 +296,10 @@ class Store(StoreHealth):
                     if parts:
                         # one contiguous chunk: DuckDB inserts it ~1.4x faster than many small ones
                         insert_arrow(cur, name, pa.concat_tables(parts).combine_chunks(), run_id)
+                        if name == "scalars":    # the run's last step, kept on its row for the runs list
+                            top = max(pc.max(t["step"]).as_py() for t in parts)
+                            cur.execute("UPDATE runs SET last_step = greatest(coalesce(last_step, ?), ?) "
+                                        "WHERE run_id = ?", [top, top, run_id])
                 if time.time() - self._beat.get(run_id, 0.0) > 1.0:    # ingest is a heartbeat
                     self._beat[run_id] = time.time()
                     cur.execute("UPDATE runs SET heartbeat = ? WHERE run_id = ?", [time.time(), run_id])
