@@ -1,7 +1,8 @@
 """`forksight doctor SOURCE`: a post-hoc diagnosis of one run (every detector replayed over its
 steps) and `forksight import SOURCE --db PATH`: the same readers bring a logged run into the
 store, so every dashboard page and `alerts replay` work on it. Sources: a forksight DuckDB file,
-and whatever forksight.monitor.importers reads (TRL, TensorBoard, verl, JSONL/CSV)."""
+and whatever forksight.monitor.importers reads (TRL, TensorBoard, W&B, verl, JSONL/CSV, TRL's
+completions log, prime-rl's token export)."""
 from __future__ import annotations
 
 import argparse
@@ -57,17 +58,23 @@ def _is_duckdb(path: Path) -> bool:
         return False
 
 
-def load(source: str, run: str | None = None) -> tuple[str, str, list[int], list[dict], dict]:
-    """(name, kind, steps, rows, config) of one run; ValueError with what was expected otherwise."""
+def load(source: str, run: str | None = None) -> tuple[str, str, list[int], list[dict], dict, list, list]:
+    """(name, kind, steps, rows, config, samples, tokens) of one run; ValueError with what was expected
+    otherwise. Samples (TRL's completions log) add pass@k to the steps; tokens are prime-rl's."""
     from forksight.monitor.importers import read_source
 
     path = Path(source)
     if path.is_file() and _is_duckdb(path):
         return _load_db(path, run)
     imported = read_source(path)
-    if not imported.steps:
+    steps, rows = imported.steps, imported.rows
+    if imported.samples:
+        from forksight.compose.import_extras import merge_sample_scalars
+
+        steps, rows = merge_sample_scalars(steps, rows, imported.samples)
+    if not steps:
         raise ValueError(f"{source} was read as {imported.kind} but holds no step with a number in it")
-    return imported.name, imported.kind, imported.steps, imported.rows, imported.config
+    return imported.name, imported.kind, steps, rows, imported.config, imported.samples, imported.tokens
 
 
 def _load_db(path: Path, run: str | None):
@@ -90,14 +97,14 @@ def _load_db(path: Path, run: str | None):
     for step, group in frame.sort_values(["step", "key"]).groupby("step", sort=True):
         steps.append(int(step))
         rows.append(dict(zip(group["key"], group["value"].astype(float))))
-    return run, "forksight", steps, rows, config if isinstance(config, dict) else {}
+    return run, "forksight", steps, rows, config if isinstance(config, dict) else {}, [], []
 
 
 def diagnose(source: str, run: str | None = None, config=None) -> Diagnosis:
     """Replay every detector over the run's steps (in step order) and say what was checked."""
     from forksight.monitor.alerts.hub import AlertMonitor, alert_row, evidence_of
 
-    name, kind, steps, rows, run_config = load(source, run)
+    name, kind, steps, rows, run_config, _, _ = load(source, run)
     vocab = run_config.get("vocab_size") if isinstance(run_config.get("vocab_size"), int) else None
     monitor = AlertMonitor(config, vocab)
     alerts = []
@@ -124,7 +131,8 @@ def add_parser(subparsers) -> None:
     doctor = subparsers.add_parser("doctor", help="diagnose one logged run: every detector replayed, a verdict",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     doctor.add_argument("source", help="forksight DuckDB file, TRL trainer_state.json or checkpoint dir, "
-                                       "TensorBoard log dir, verl file-logger JSONL, or a JSONL/CSV of step dicts")
+                                       "TensorBoard log dir, W&B offline run dir, verl file-logger JSONL, a JSONL/CSV "
+                                       "of step dicts, TRL's completions/ log or prime-rl's token_exports/")
     doctor.add_argument("--run", help="run id, for a forksight DuckDB file holding several")
     doctor.add_argument("--format", choices=("terminal", "markdown", "html", "json"), default="terminal")
     doctor.add_argument("--output", "-o", help="write the report here instead of standard output")
@@ -133,7 +141,8 @@ def add_parser(subparsers) -> None:
     doctor.add_argument("--config", help="alert config file (YAML or JSON), as for `alerts replay`")
     doctor.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     doctor.set_defaults(func=run_doctor)
-    imp = subparsers.add_parser("import", help="bring a logged run (TRL, TensorBoard, verl, JSONL/CSV) into a "
+    imp = subparsers.add_parser("import", help="bring a logged run (TRL, TensorBoard, W&B, verl, JSONL/CSV, TRL "
+                                               "completions, prime-rl token export) into a "
                                                "forksight DuckDB file")
     imp.add_argument("source", help="as for `forksight doctor`")
     imp.add_argument("--db", required=True, help="DuckDB file to add the run to (created if missing; not one a "
@@ -172,10 +181,11 @@ def run_import(args: argparse.Namespace) -> int:
     from forksight.base.limits import MAX_KEY_CHARS, NONFINITE_PREFIX
     from forksight.base.records import Records, scalars_table
     from forksight.compose.alerts_cli import replay_rows, write_rows
+    from forksight.compose.import_extras import write_extras
     from forksight.monitor.collector.store import Store
 
     try:
-        name, kind, steps, rows, run_config = load(args.source)
+        name, kind, steps, rows, run_config, samples, tokens = load(args.source)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         return _fail("import", str(exc))
     try:
@@ -201,6 +211,7 @@ def run_import(args: argparse.Namespace) -> int:
                 batch = []
         if batch:
             store.write(run_id, Records(scalars=scalars_table(batch)))
+        extras = write_extras(store, run_id, samples, tokens)
         store.flush()
         alerts, _ = replay_rows(store.reader, run_id, None)
         write_rows(store, run_id, alerts)
@@ -208,5 +219,5 @@ def run_import(args: argparse.Namespace) -> int:
     finally:
         store.close()
     print(json.dumps({"run_id": run_id, "format": kind, "steps": len(steps), "alerts": len(alerts),
-                      "keys": len({k for r in rows for k in r}), "skipped_values": skipped}))
+                      "keys": len({k for r in rows for k in r}), "skipped_values": skipped, **extras}))
     return 0

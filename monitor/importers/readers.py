@@ -7,88 +7,19 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from forksight.monitor.importers.aliases import canonical
+from forksight.monitor.importers.prime_rl import export_files, read_token_export
+from forksight.monitor.importers.run import STEP_KEYS, ImportedRun, SourceError, Builder, step_of
+from forksight.monitor.importers.trl_completions import completion_files, read_completions
+from forksight.monitor.importers.wandb_run import read_wandb, wandb_files
 
-MAX_STEPS = 1_000_000     # steps kept from one source (memory stays bounded whatever the input)
-MAX_KEYS = 1_000          # distinct metrics kept
-STEP_KEYS = ("step", "global_step", "_step", "iteration", "train/global_step", "trainer/global_step")
 EXPECTED = ("a forksight DuckDB file (with --run), a TRL trainer_state.json or checkpoint/output directory, "
             "a TensorBoard log directory (events.out.tfevents.*), a W&B offline run directory (run-*.wandb), "
             "verl's file-logger JSONL "
-            '({"step": N, "data": {...}} per line), or a JSONL/CSV of step dicts with a "step" column')
-
-
-class SourceError(ValueError):
-    """A source that cannot be read, with what was expected."""
-
-
-@dataclass
-class ImportedRun:
-    """A logged run as forksight steps: rows[i] holds step steps[i]'s {key: value}."""
-
-    name: str
-    kind: str                                   # trl, tensorboard, verl, jsonl, csv
-    steps: list[int] = field(default_factory=list)
-    rows: list[dict[str, float]] = field(default_factory=list)
-    renamed: dict[str, str] = field(default_factory=dict)   # logged name -> forksight key, where they differ
-    config: dict = field(default_factory=dict)
-    dropped_keys: int = 0                       # metrics past MAX_KEYS
-
-    @property
-    def keys(self) -> list[str]:
-        return sorted({k for row in self.rows for k in row})
-
-
-class _Builder:
-    """Collects (step, name, value) in any order, merges repeats of a step, keeps numbers only."""
-
-    def __init__(self, name: str, kind: str) -> None:
-        self.run = ImportedRun(name, kind)
-        self.by_step: dict[int, dict[str, float]] = {}
-        self.known: set[str] = set()
-
-    def add(self, step: int, name: str, value) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return
-        value = float(value)
-        key = canonical(name)
-        if key not in self.known:
-            if len(self.known) >= MAX_KEYS:
-                self.run.dropped_keys += 1
-                return
-            self.known.add(key)
-        if key != name:
-            self.run.renamed[name] = key
-        row = self.by_step.get(step)
-        if row is None:
-            if len(self.by_step) >= MAX_STEPS:
-                return
-            row = self.by_step[step] = {}
-        row.setdefault(key, value)        # an exact alias wins over a later duplicate name
-
-    def add_row(self, step: int, data: dict) -> None:
-        for name, value in data.items():
-            if name not in STEP_KEYS:
-                self.add(step, str(name), value)
-
-    def done(self) -> ImportedRun:
-        steps = sorted(self.by_step)
-        self.run.steps = steps
-        self.run.rows = [self.by_step[s] for s in steps]
-        return self.run
-
-
-def _step_of(entry: dict) -> int | None:
-    for key in STEP_KEYS:
-        value = entry.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return int(value)
-    return None
+            '({"step": N, "data": {...}} per line), a JSONL/CSV of step dicts with a "step" column, TRL\'s '
+            "completions/ parquet log (log_completions=True) or prime-rl's token_exports/ directory")
 
 
 # ---------------------------------------------------------------------------- TRL
@@ -101,11 +32,11 @@ def read_trainer_state(path: Path) -> ImportedRun:
     if not isinstance(history, list):
         raise SourceError(f"{path} has no log_history list; expected TRL's trainer_state.json "
                           "(Trainer saves it in each checkpoint-N directory)")
-    out = _Builder(path.parent.name if path.name == "trainer_state.json" and path.parent.name else path.stem, "trl")
+    out = Builder(path.parent.name if path.name == "trainer_state.json" and path.parent.name else path.stem, "trl")
     for entry in history:
         if not isinstance(entry, dict) or "train_runtime" in entry:   # the end-of-training summary
             continue
-        step = _step_of(entry)
+        step = step_of(entry)
         if step is not None:
             out.add_row(step, {k: v for k, v in entry.items() if k != "epoch"})
     run = out.done()
@@ -146,7 +77,7 @@ def read_tensorboard(directory: Path) -> ImportedRun:
     except Exception as exc:   # a damaged events file: tensorboard raises its own errors
         raise SourceError(f"could not read the TensorBoard events in {dirs[0]}: {exc}") from None
     name = dirs[0].name if dirs[0] != directory else directory.name
-    out = _Builder(name, "tensorboard")
+    out = Builder(name, "tensorboard")
     tags = acc.Tags()
     for tag in tags.get("scalars", []):           # SummaryWriter.add_scalar (torch, TRL, verl)
         for event in acc.Scalars(tag):
@@ -161,7 +92,7 @@ def read_tensorboard(directory: Path) -> ImportedRun:
 
 # ---------------------------------------------------------------------------- JSONL / CSV
 def read_jsonl(path: Path) -> ImportedRun:
-    out, kind, bad = _Builder(path.stem, "jsonl"), None, 0
+    out, kind, bad = Builder(path.stem, "jsonl"), None, 0
     with path.open("rb") as fh:
         for number, line in enumerate(fh, 1):
             if not line.strip():
@@ -178,9 +109,9 @@ def read_jsonl(path: Path) -> ImportedRun:
             data = entry.get("data")
             if isinstance(data, dict) and "step" in entry:        # verl's FileLogger
                 kind = "verl"
-                step = _step_of(entry)
+                step = step_of(entry)
             else:
-                data, step = entry, _step_of(entry)
+                data, step = entry, step_of(entry)
             if step is not None:
                 out.add_row(step, data)
     out.run.kind = kind or "jsonl"
@@ -191,7 +122,7 @@ def read_jsonl(path: Path) -> ImportedRun:
 
 
 def read_csv(path: Path) -> ImportedRun:
-    out = _Builder(path.stem, "csv")
+    out = Builder(path.stem, "csv")
     with path.open(newline="") as fh:
         reader = csv.DictReader(fh)
         header = reader.fieldnames or []
@@ -205,7 +136,7 @@ def read_csv(path: Path) -> ImportedRun:
                     parsed[k] = float(v) if v not in (None, "") else None
                 except ValueError:
                     pass
-            step = _step_of(parsed)
+            step = step_of(parsed)
             if step is not None:
                 out.add_row(step, {k: v for k, v in parsed.items() if v is not None})
     return out.done()
@@ -214,8 +145,25 @@ def read_csv(path: Path) -> ImportedRun:
 # ---------------------------------------------------------------------------- dispatch
 def read_source(source: str | Path) -> ImportedRun:
     """Read a logged run from a file or directory, whichever format it is; SourceError says what
-    was expected when it is none of them."""
+    was expected when it is none of them. A TRL output directory's completions log comes along
+    as samples; prime-rl's token export as tokens (with per-step means as steps)."""
     path = Path(source)
+    if path.exists() and export_files(path):
+        return read_token_export(path)
+    completions = completion_files(path) if path.exists() else []
+    if completions and (path.is_file() or path.name == "completions"):
+        run = ImportedRun(path.parent.name if path.name == "completions" else path.stem, "trl-completions")
+    elif completions and _trainer_state_in(path) is None:
+        run = ImportedRun(path.name, "trl-completions")
+    else:
+        run = _read(path)
+    if completions:
+        run.samples, reward_columns = read_completions(path)
+        run.config.setdefault("reward_functions", reward_columns)
+    return run
+
+
+def _read(path: Path) -> ImportedRun:
     if not path.exists():
         raise SourceError(f"{path} does not exist; expected {EXPECTED}")
     if path.is_dir():
@@ -224,8 +172,6 @@ def read_source(source: str | Path) -> ImportedRun:
             return read_trainer_state(state)
         if _event_dirs(path):
             return read_tensorboard(path)
-        from forksight.monitor.importers.wandb_run import read_wandb, wandb_files
-
         if wandb_files(path):
             return read_wandb(path)
         logs = sorted(path.glob("*.jsonl"))
@@ -240,8 +186,6 @@ def read_source(source: str | Path) -> ImportedRun:
     if path.suffix in (".csv", ".tsv"):
         return read_csv(path)
     if path.suffix == ".wandb":
-        from forksight.monitor.importers.wandb_run import read_wandb
-
         return read_wandb(path)
     if path.name.startswith("events.out.tfevents"):
         return read_tensorboard(path.parent)

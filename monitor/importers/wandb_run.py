@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from forksight.monitor.importers.readers import ImportedRun, SourceError, _Builder, _step_of
+from forksight.monitor.importers.run import ImportedRun, SourceError, Builder, step_of
 
 EXPECTED = "a W&B offline run directory (wandb/offline-run-*/ holding one run-<id>.wandb file)"
 _HIDDEN = ("_timestamp", "_runtime", "_step", "_wandb")
@@ -66,7 +66,7 @@ def read_wandb(path: Path) -> ImportedRun:
         store.open_for_scan(str(files[0]))
     except Exception as exc:   # wandb raises AssertionError / its own errors on a bad header
         raise SourceError(f"{files[0]} is not a W&B run log ({exc}); expected {EXPECTED}") from None
-    out, name, config, damaged = _Builder(files[0].parent.name, "wandb"), None, {}, None
+    out, name, config, damaged = Builder(files[0].parent.name, "wandb"), None, {}, None
     while True:
         try:
             data = store.scan_data()
@@ -92,7 +92,7 @@ def read_wandb(path: Path) -> ImportedRun:
                 key = item.key or "/".join(item.nested_key)
                 if key:
                     entry[key] = _value(item.value_json)
-            step = _step_of(entry)
+            step = step_of(entry)
             if step is None and record.history.HasField("step"):
                 step = int(record.history.step.num)
             if step is not None:

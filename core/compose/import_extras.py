@@ -1,0 +1,48 @@
+"""What an imported run brings besides scalars: samples (TRL's completions log) become per-step
+pass@k and reward/mean where the log has none, and samples and tokens (prime-rl's token export) are
+written to the store through the same Arrow builders the sinks use."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+TOKENS_PER_BATCH = 1_000_000      # tokens-table rows per write (the store's batch limit is larger)
+
+
+def merge_sample_scalars(steps: list[int], rows: list[dict], samples: list[dict]) -> tuple[list[int], list[dict]]:
+    """steps/rows with pass@1..pass@G (groups of each step, correct = the sample's verdict) and the
+    samples' mean reward as reward/mean where a step has none; steps only the samples have are added."""
+    from forksight.hooks.metrics.passk import pass_at_k_groups
+
+    groups: dict[int, dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    rewards: dict[int, list[float]] = defaultdict(list)
+    for s in samples:
+        if s.get("correct") is not None:
+            groups[s["step"]][s.get("group_id") or 0].append(bool(s["correct"]))
+        if s.get("reward") is not None and math.isfinite(s["reward"]):
+            rewards[s["step"]].append(float(s["reward"]))
+    by_step = {step: dict(row) for step, row in zip(steps, rows)}
+    for step in sorted(set(groups) | set(rewards)):
+        row = by_step.setdefault(step, {})
+        if groups.get(step):
+            for k, value in pass_at_k_groups(list(groups[step].values())).items():
+                row.setdefault(f"pass@{k}", value)
+        if rewards.get(step):
+            row.setdefault("reward/mean", sum(rewards[step]) / len(rewards[step]))
+    ordered = sorted(by_step)
+    return ordered, [by_step[s] for s in ordered]
+
+
+def write_extras(store, run_id: str, samples: list[dict], tokens: list) -> dict[str, int]:
+    """Samples and token tables into the store; counts written."""
+    from forksight.base.records import Records, samples_table, tokens_table
+
+    for start in range(0, len(samples), 10_000):
+        store.write(run_id, Records(samples=samples_table(samples[start:start + 10_000])))
+    n_tokens = 0
+    for table in tokens:
+        for start in range(0, table.num_rows, TOKENS_PER_BATCH):
+            part = table.slice(start, TOKENS_PER_BATCH)
+            store.write(run_id, Records(tokens=tokens_table(part)))
+            n_tokens += part.num_rows
+    return {"samples": len(samples), "tokens": n_tokens}
