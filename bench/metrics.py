@@ -5,8 +5,9 @@ sizes 8…512 rows, each measured in the same run (large chunks lose: their temp
 malloc's heap). Targets (issue 27): token_stats at its default settings (H, H2, log p, top-1)
 ≤ 1.25× the floor, with ICT JS (groups of B) ≤ 2×, float32 and bfloat16, at [6, 256, 151936]
 with 1 thread. Both paths are timed: the default (the compiled kernel of hooks/metrics/fused.py
-where torch.compile works) and the eager fallback (fused=False). Times are the fastest of
---repeats interleaved rounds (the machine is shared: load only ever adds time), medians beside.
+where torch.compile works) and the eager fallback (fused=False). Every contender runs once per
+--repeats interleaved rounds: each ratio is the median over rounds of the contender's time over
+the floor's in the same round (the machine is shared; neighbours in time share its load).
 Also: max |Δ| of every statistic against a float64 reference on a small slice, for both paths;
 optionally (--memory) the peak extra memory per call in a fresh subprocess; optionally
 (--sweep) token_stats at other chunk sizes, which is how the default chunking was chosen.
@@ -151,17 +152,19 @@ def measure(shape, dtype_name: str, args) -> dict:
     runs = time_all(fns, logits, tokens, args.repeats)
     fastest = {k: min(v) for k, v in runs.items()}  # the shared machine only ever adds time
     median = {k: statistics.median(v) for k, v in runs.items()}
-    floor_name = min((k for k in fastest if k.startswith("floor_c")), key=fastest.get)
-    floor, floor_median = fastest[floor_name], median[floor_name]
-    ratios = {k: round(v / floor, 3) for k, v in fastest.items()}
+    # the floor: the chunk size with the lowest median; each contender's ratio is the median over
+    # rounds of its time over the floor's in the same round (neighbours in time share the load)
+    floor_name = min((k for k in median if k.startswith("floor_c")), key=median.get)
+    ratios = {k: round(statistics.median(t / f for t, f in zip(v, runs[floor_name])), 3) for k, v in runs.items()}
     report = {
         "shape": list(shape),
         "dtype": dtype_name,
-        "floor": {"chunk": int(floor_name[len("floor_c"):]), "ms": round(floor * 1e3, 1)},
+        "floor": {"chunk": int(floor_name[len("floor_c"):]), "median_ms": round(median[floor_name] * 1e3, 1),
+                  "min_ms": round(fastest[floor_name] * 1e3, 1)},
         "fused_path": fused_kernels.failure() is None and shape[0] * shape[1] * shape[2] >= fused_kernels.FUSED_MIN_ELEMENTS,
         "ratio_to_floor": ratios,
-        "ratio_of_medians": {k: round(v / floor_median, 3) for k, v in median.items()},
-        "min_ms": {k: round(v * 1e3, 1) for k, v in fastest.items()},
+        "ratio_of_mins": {k: round(v / fastest[floor_name], 3) for k, v in fastest.items()},
+        "median_ms": {k: round(v * 1e3, 1) for k, v in median.items()},
         "targets": TARGETS,
         "targets_met": {k: ratios[k] <= t for k, t in TARGETS.items()},
         "max_abs_err_vs_float64": {
