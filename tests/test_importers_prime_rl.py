@@ -144,24 +144,38 @@ def test_the_writers_files_are_read_as_tokens(exported):
     assert len({r["sample_id"] for r in run.tokens[1].to_pylist()}) == 2          # one per rank at step 2
 
 
-def test_import_fills_the_tokens_page(exported, tmp_path, capsys):
+def test_import_fills_the_tokens_page(exported, tiny_model_path, tmp_path, capsys):
+    from transformers import AutoTokenizer
+
     from forksight.compose import cli
+    from forksight.dashboard.pages.tokens import render_step
     from forksight.monitor.collector.store import Store
 
     out, references = exported
-    assert cli.main(["import", str(out / "token_exports"), "--db", str(tmp_path / "p.duckdb"), "--run", "p"]) == 0
+    assert cli.main(["import", str(out / "token_exports"), "--db", str(tmp_path / "p.duckdb"), "--run", "p",
+                     "--tokenizer", str(tiny_model_path)]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["format"] == "prime-rl" and summary["tokens"] == sum(len(expected_rows(references, s)) for s in (1, 2))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     store = Store(str(tmp_path / "p.duckdb"))
     try:
         assert store.reader.token_steps("p") == [1, 2]
         tokens = store.reader.read_tokens("p", 1)
         scalars = store.reader.read_scalars("p", downsample=100_000)
+        page = render_step(store.reader, "p", 1, None, "entropy")
     finally:
         store.close()
     want = [lp for _, _, lp, env, _ in expected_rows(references, 1) if not env]
     assert tokens[~tokens["env"]]["logp"].tolist() == pytest.approx(want, rel=1e-6, abs=1e-6)
+    assert tokens["token"].tolist() == [tokenizer.decode([i]) for i in tokens["token_id"]]
     assert set(scalars["key"]) >= {"entropy/mean", "fork/frac"}
+    # the tokens page: every exported sequence is offered, the first drawn token by token with its entropy
+    assert [o["value"] for o in page["options"]] == [str(i) for i in sorted(set(tokens["sample_id"]))]
+    spans = page["main"][0].children[1].children
+    first = tokens[tokens["sample_id"] == page["sample_id"]].sort_values("pos")
+    assert len(spans) == len(first) and [sp.children for sp in spans] == [t or "∅" for t in first["token"]]
+    h = first["entropy"].iloc[0]
+    assert f"entropy H {h:.4f}" in spans[0].title
 
 
 def test_a_line_that_is_not_the_export_says_what_was_expected(tmp_path):

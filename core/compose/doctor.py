@@ -149,6 +149,8 @@ def add_parser(subparsers) -> None:
                                                  "running collector holds)")
     imp.add_argument("--run", help="name of the new run (default: the source's name)")
     imp.add_argument("--project", default="imported", help="project to file the run under")
+    imp.add_argument("--tokenizer", help="tokenizer (directory or hub name) to show token text for a token "
+                                         "export that holds ids only (prime-rl)")
     imp.set_defaults(func=run_import)
 
 
@@ -186,6 +188,10 @@ def run_import(args: argparse.Namespace) -> int:
 
     try:
         name, kind, steps, rows, run_config, samples, tokens = load(args.source)
+        if tokens and args.tokenizer:
+            from forksight.compose.import_extras import decode_tokens
+
+            tokens = decode_tokens(tokens, args.tokenizer)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         return _fail("import", str(exc))
     try:

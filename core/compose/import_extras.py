@@ -33,6 +33,26 @@ def merge_sample_scalars(steps: list[int], rows: list[dict], samples: list[dict]
     return ordered, [by_step[s] for s in ordered]
 
 
+def decode_tokens(tokens: list, tokenizer_path: str) -> list:
+    """Token tables with each token_id's text from a Hugging Face tokenizer (prime-rl exports ids only)."""
+    import pyarrow as pa
+    from transformers import AutoTokenizer
+
+    from forksight.base.limits import MAX_TOKEN_CHARS
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--tokenizer {tokenizer_path}: not a tokenizer directory or hub name ({exc})") from None
+    out, text = [], {}
+    for table in tokens:
+        ids = table.column("token_id").to_pylist()
+        for i in set(ids) - set(text):
+            text[i] = None if i is None else tokenizer.decode([i])[:MAX_TOKEN_CHARS]
+        out.append(table.append_column("token", pa.array([text[i] for i in ids], pa.string())))
+    return out
+
+
 def write_extras(store, run_id: str, samples: list[dict], tokens: list) -> dict[str, int]:
     """Samples and token tables into the store; counts written."""
     from forksight.base.records import Records, samples_table, tokens_table
