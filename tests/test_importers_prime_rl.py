@@ -187,3 +187,15 @@ def test_a_line_that_is_not_the_export_says_what_was_expected(tmp_path):
     (step / "rank_0.jsonl").write_text('{"schema_version": 2, "token_ids": [1], "loss_mask": [true]}\n')
     with pytest.raises(SourceError, match="schema_version 2"):
         read_source(tmp_path)
+
+
+def test_a_step_without_stable_is_still_being_written_and_left_out(exported, tmp_path):
+    import shutil
+
+    out, _ = exported
+    copy = tmp_path / "outputs"
+    shutil.copytree(out, copy)
+    (copy / "token_exports" / "step_2" / "STABLE").unlink()
+    run = read_source(copy)
+    assert run.steps == [1] and run.config["skipped_unstable_steps"] == [2]
+    assert read_source(copy / "token_exports" / "step_2").steps == [2]     # asked for by name: read

@@ -98,3 +98,28 @@ def test_a_parquet_without_trl_columns_says_what_was_expected(tmp_path):
     (folder / "completions_00001.parquet").write_bytes(b"not parquet")
     with pytest.raises(SourceError, match="not a readable parquet"):
         read_source(folder)
+
+
+def test_conversational_rows_and_two_reward_functions(tmp_path):
+    """A conversational dataset's rows, built as GRPOTrainer.log builds its table (TRL's own
+    strip_images_from_messages, the same column order, pandas' to_parquet; a real run on the tiny
+    model's plain-text prompts is above): messages become
+    "role: content" text, the reward is the sum of the functions that applied (NaN skipped)."""
+    from trl.trainer.utils import strip_images_from_messages
+
+    prompts = [[{"role": "user", "content": "2+2?"}]] * 2 + [[{"role": "system", "content": "Be brief."},
+                                                             {"role": "user", "content": "Name a pet."}]] * 2
+    completions = [[{"role": "assistant", "content": c}] for c in ("4", "5", "cat", "dog")]
+    table = {"step": [7] * 4, "prompt": [strip_images_from_messages(m) for m in prompts],
+             "completion": [strip_images_from_messages(m) for m in completions],
+             "accuracy": [1.0, 0.0, float("nan"), float("nan")], "format": [0.5, 0.0, 0.0, 1.0],
+             "advantage": [0.7, -0.7, -0.7, 0.7]}
+    (tmp_path / "completions").mkdir()
+    pd.DataFrame(table).to_parquet(tmp_path / "completions" / "completions_00007.parquet")
+    run = read_source(tmp_path)
+    assert run.config["reward_functions"] == ["accuracy", "format"]
+    assert [s["prompt"] for s in run.samples] == ["user: 2+2?"] * 2 + ["system: Be brief.\nuser: Name a pet."] * 2
+    assert [s["completion"] for s in run.samples] == ["assistant: 4", "assistant: 5", "assistant: cat",
+                                                      "assistant: dog"]
+    assert [s["reward"] for s in run.samples] == [1.5, 0.0, 0.0, 1.0]
+    assert [s["group_id"] for s in run.samples] == [0, 0, 1, 1] and {s["step"] for s in run.samples} == {7}
