@@ -69,6 +69,7 @@ def test_compact_keeps_histograms_scalars_and_other_runs_and_shrinks_the_file(tm
     assert not os.path.exists(db + ".compact-tmp")
     with Store(db) as store:  # reopens with the integrity check; the run reads back
         runs = store.reader.list_runs()
+        assert store.reader.token_steps(long_run) == sorted(kept)  # the step index follows
     assert set(runs["run_id"]) == {long_run, other}
     assert _rows(db, "SELECT count(*) FROM batches")[0][0] > 0  # the ingest ledger came along
 

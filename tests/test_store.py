@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from forksight.compose.local import LocalSink
@@ -323,3 +324,35 @@ def test_runs_row_keeps_the_last_step_of_its_scalars_and_old_files_get_it_on_ope
         again = store.reader.list_runs().set_index("run_id")["last_step"]
         assert store.reader.run(a)["last_step"] == 9
     assert (again[a], again[b]) == (9, 0) and pd.isna(again[empty])
+
+
+def test_token_step_index_equals_the_distinct_steps_of_the_token_rows_and_is_built_for_old_files(tmp_path):
+    import duckdb
+
+    db = str(tmp_path / "index.duckdb")
+
+    def rows(step, n=3):
+        return Records(tokens=tokens_table({"sample_id": list(range(n)), "pos": [0] * n}, step=step))
+
+    with Store(db) as store:
+        a, b = store.create_run("a"), store.create_run("b")
+        for run, step in [(a, 7), (a, 2), (a, 7), (b, 7), (a, 11), (b, 0)]:  # repeats, out of order, 2 runs
+            store.write(run, rows(step)).result()
+        store.write(a, Records(tokens=pa.concat_tables([rows(s).tokens for s in (30, 30, 20)]))).result()
+        listed = {run: store.reader.token_steps(run) for run in (a, b)}
+        assert store.reader.token_steps(a, since_step=8) == [11, 20, 30]
+
+    def distinct_by_sql():  # computed another way: the token rows themselves
+        conn = duckdb.connect(db, read_only=True)
+        try:
+            found = conn.execute("SELECT run_id, list(DISTINCT step ORDER BY step) FROM tokens GROUP BY run_id")
+            return dict(found.fetchall())
+        finally:
+            conn.close()
+
+    assert listed == distinct_by_sql() == {a: [2, 7, 11, 20, 30], b: [0, 7]}
+    conn = duckdb.connect(db)  # a file written before the index existed
+    conn.execute("DROP TABLE token_steps")
+    conn.close()
+    with Store(db) as store:
+        assert {run: store.reader.token_steps(run) for run in (a, b)} == listed

@@ -199,8 +199,12 @@ BATCHES = Table("batches", (
     Column("digest", pa.string(), "hash of the batch's content: a reused id with other content is refused"),
 ), primary_key=("run_id", "batch_id"))
 
+# the steps that hold token rows, one row each, kept by the writer: the tokens page's step list
+# reads this index instead of a DISTINCT over every token row
+TOKEN_STEPS = Table("token_steps", (_run_id(), _step()), primary_key=("run_id", "step"))
+
 DATA_TABLES = ("scalars", "tokens", "samples", "histograms")   # what a batch carries
-TABLES = {t.name: t for t in (RUNS, SCALARS, TOKENS, SAMPLES, HISTOGRAMS, ALERTS, BATCHES)}
+TABLES = {t.name: t for t in (RUNS, SCALARS, TOKENS, SAMPLES, HISTOGRAMS, ALERTS, BATCHES, TOKEN_STEPS)}
 
 # the per-token columns producers send (Arrow IPC bodies and JSON token blocks)
 TOKEN_COLUMNS = {c.name: c for c in TOKENS.wire_columns()}

@@ -34,8 +34,9 @@ def thin_tokens(cur, run_id: str, keep: int) -> dict[str, int]:
         before = cur.execute("SELECT count(*) FROM tokens WHERE run_id = ?", [run_id]).fetchall()[0][0]
         cur.execute("CREATE OR REPLACE TEMP TABLE forksight_kept_steps (step BIGINT)")
         cur.executemany("INSERT INTO forksight_kept_steps VALUES (?)", [[s] for s in kept])
-        cur.execute("DELETE FROM tokens WHERE run_id = ? AND step NOT IN (SELECT step FROM forksight_kept_steps)",
-                    [run_id])
+        for table in ("tokens", "token_steps"):
+            cur.execute(f"DELETE FROM {table} WHERE run_id = ? AND step NOT IN (SELECT step FROM forksight_kept_steps)",
+                        [run_id])
         after = cur.execute("SELECT count(*) FROM tokens WHERE run_id = ?", [run_id]).fetchall()[0][0]
         cur.execute("DROP TABLE forksight_kept_steps")
         cur.execute("COMMIT")

@@ -51,6 +51,7 @@ def connect(path: str, verify: bool = True, config: dict | None = None):
     try:
         conn.execute("SET enable_progress_bar = false")   # a collector's log is no terminal
         conn.execute(schema_sql())
+        backfill_token_steps(conn)
         if verify:
             for table in TABLES:      # every column of every row: DuckDB checks each block's checksum
                 conn.execute(f"SELECT sum(hash(t)) FROM {table} t").fetchall()
@@ -62,6 +63,12 @@ def connect(path: str, verify: bool = True, config: dict | None = None):
         conn.close()
         raise RuntimeError(open_failure(path, exc)) from None
     return conn
+
+
+def backfill_token_steps(conn) -> None:
+    """A file written before the token_steps index: fill it once from its token rows."""
+    if conn.execute("SELECT count(*) FROM token_steps").fetchall()[0][0] == 0:
+        conn.execute("INSERT INTO token_steps SELECT DISTINCT run_id, step FROM tokens")
 
 
 def open_failure(path: str, exc: Exception) -> str:

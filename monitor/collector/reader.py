@@ -218,10 +218,10 @@ class Reader:
             ORDER BY h.step, h.bin_lo""", [*params, max_points_of(downsample), *params])
 
     def token_steps(self, run_id: str, since_step: int | None = None) -> list[int]:
-        """Steps with token rows, ascending (since_step: only those ≥ it, which skips the older
-        row groups: 4 ms instead of 75 ms on 10M rows, for a page that polls)."""
+        """Steps with token rows, ascending (since_step: only those ≥ it), from the writer's index
+        of them (token_steps), not a DISTINCT over every token row."""
         since, params = ("", [run_id]) if since_step is None else (" AND step >= ?", [run_id, int(since_step)])
-        df = self._query(f"SELECT DISTINCT step FROM tokens WHERE run_id = ?{since} ORDER BY step", params)
+        df = self._query(f"SELECT step FROM token_steps WHERE run_id = ?{since} ORDER BY step", params)
         return [int(s) for s in df["step"]]
 
     def read_tokens(self, run_id: str, step: int, sample_id: int | None = None,

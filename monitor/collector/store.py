@@ -94,6 +94,15 @@ def insert_arrow(cur, table: str, data: pa.Table, run_id: str | None = None) -> 
     cur.unregister("_forksight_in")
 
 
+def add_token_steps(cur, run_id: str, steps: pa.Array) -> None:
+    """Record that these steps hold token rows of the run (already known ones are skipped)."""
+    cur.register("_forksight_steps", pa.table({"step": pc.unique(steps)}))
+    try:
+        cur.execute("INSERT OR IGNORE INTO token_steps SELECT ?::VARCHAR, step FROM _forksight_steps", [run_id])
+    finally:
+        cur.unregister("_forksight_steps")
+
+
 class Store(StoreHealth):
     """Owns one DuckDB file: schema, the single writer thread, and `reader`."""
 
@@ -296,6 +305,8 @@ class Store(StoreHealth):
                     if parts:
                         # one contiguous chunk: DuckDB inserts it ~1.4x faster than many small ones
                         insert_arrow(cur, name, pa.concat_tables(parts).combine_chunks(), run_id)
+                        if name == "tokens":     # the step list the tokens page reads
+                            add_token_steps(cur, run_id, pa.concat_arrays([pc.unique(t["step"]) for t in parts]))
                         if name == "scalars":    # the run's last step, kept on its row for the runs list
                             top = max(pc.max(t["step"]).as_py() for t in parts)
                             cur.execute("UPDATE runs SET last_step = greatest(coalesce(last_step, ?), ?) "
