@@ -12,7 +12,7 @@ import sys
 import pytest
 
 pytest.importorskip("wandb.sdk.internal.datastore",
-                    reason="needs wandb < 0.23, whose Python package ships the .wandb reader (the dev extra)")
+                    reason="needs wandb < 0.30, whose Python package ships the .wandb reader (the dev extra)")
 
 from forksight.monitor.importers import SourceError, read_source  # noqa: E402
 

@@ -31,7 +31,7 @@ from forksight.base.constants import FORK_ENTROPY
 from forksight.monitor.importers.run import ImportedRun, SourceError
 
 SCHEMA_VERSION = 1
-MAX_TOKENS = 5_000_000          # token rows kept from one export (memory bounded whatever the input)
+MAX_TOKENS = 2_000_000          # token rows kept from one export (memory bounded whatever the input)
 _STEP = re.compile(r"step_(\d+)")
 _RANK = re.compile(r"rank_(\d+)\.jsonl")
 EXPECTED = ("prime-rl's token export (<output_dir>/token_exports/step_N/rank_R.jsonl, written with "

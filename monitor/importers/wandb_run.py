@@ -4,8 +4,8 @@ What the file is, from its writer: wandb-core appends every Record (wandb/proto/
 to run-<id>.wandb in W&B's LevelDB-style log; each `wandb.log` is a `history` record whose items
 carry the key (`key`, or `nested_key` parts joined by "/") and the value as JSON (`value_json`,
 NaN and Infinity spelled as Python's json writes them), with `_step` among them. The `run` record
-holds the run's name and config. wandb.sdk.internal.datastore.DataStore reads the log (wandb < 0.23
-ships it; later releases moved the reader into the Go core), wandb_internal_pb2.Record each entry."""
+holds the run's name and config. wandb.sdk.internal.datastore.DataStore reads the log (wandb up to
+0.29 ships it; 0.30 left only the Go core's reader), wandb_internal_pb2.Record each entry."""
 from __future__ import annotations
 
 import json
@@ -58,8 +58,8 @@ def read_wandb(path: Path) -> ImportedRun:
         from wandb.proto import wandb_internal_pb2 as pb
         from wandb.sdk.internal.datastore import DataStore
     except ImportError:
-        raise SourceError(f"{files[0]} is a W&B run log; reading it needs wandb < 0.23 (the release line whose "
-                          "Python package ships the .wandb reader): pip install 'wandb<0.23' or "
+        raise SourceError(f"{files[0]} is a W&B run log; reading it needs wandb < 0.30 (the releases whose "
+                          "Python package ships the .wandb reader): pip install 'wandb<0.30' or "
                           "pip install 'forksight[dev]'") from None
     store = DataStore()
     try:
