@@ -199,3 +199,13 @@ def test_a_step_without_stable_is_still_being_written_and_left_out(exported, tmp
     run = read_source(copy)
     assert run.steps == [1] and run.config["skipped_unstable_steps"] == [2]
     assert read_source(copy / "token_exports" / "step_2").steps == [2]     # asked for by name: read
+
+
+def test_an_export_past_the_row_limit_is_cut_at_a_sequence_and_says_so(exported, monkeypatch):
+    from forksight.monitor.importers import prime_rl
+
+    out, references = exported
+    monkeypatch.setattr(prime_rl, "MAX_TOKENS", 10)
+    run = read_source(out)
+    first = 4 + 6                   # step 1, rank 0, micro-step 0: the first two sequences' completions
+    assert run.steps == [1] and run.tokens[0].num_rows == first and run.config["truncated_at_tokens"] == 10

@@ -75,6 +75,8 @@ def read_token_export(path: Path) -> ImportedRun:
                                                     "selected", "env")}
         sample_id = 0
         for file in rank_files:
+            if kept >= MAX_TOKENS:
+                break
             for record in _records(file):
                 n = _sequence(record, sample_id, columns)
                 if n:
