@@ -2,7 +2,8 @@
 model (CPU): <output_dir>/completions/completions_NNNNN.parquet. forksight reads it as samples
 (prompt, completion, reward = the reward function's value, a group = a prompt's G completions) and
 `forksight import` stores them with pass@k per step, checked against a hand count of the rewards
-TRL handed back to the reward function."""
+TRL handed back to the reward function. The same run also reports to a W&B offline run (HF's
+WandbCallback), read back with the W&B reader and compared with its trainer_state.json."""
 from __future__ import annotations
 
 import json
@@ -32,15 +33,28 @@ def trl_out(tiny_model_path, tmp_path_factory):
         calls.append((list(prompts), list(completions), rewards))
         return rewards
 
+    wandb_dir = out.parent / "wb"
+    wandb_dir.mkdir()
+    env = pytest.MonkeyPatch()        # TRL also reports to a W&B offline run: its real keys, read back
+    env.setenv("WANDB_MODE", "offline")
+    env.setenv("WANDB_DIR", str(wandb_dir))
+    env.setenv("WANDB_SILENT", "true")
+    env.setenv("WANDB_PROJECT", "forksight-test")
     config = GRPOConfig(
-        output_dir=str(out), report_to="none", use_cpu=True, bf16=False, seed=0, log_completions=True,
+        output_dir=str(out), report_to=["wandb"], run_name="trl-wandb", use_cpu=True, bf16=False, seed=0, log_completions=True,
         per_device_train_batch_size=PROMPTS * G, num_generations=G, max_completion_length=LENGTH,
         learning_rate=5e-3, max_steps=STEPS, logging_steps=1, save_strategy="steps", save_steps=STEPS,
         disable_tqdm=True)
     data = Dataset.from_list([{"prompt": f"Q: {10 + i}+{20 + i}= A:"} for i in range(32)])
     trainer = GRPOTrainer(model=model, args=config, reward_funcs=even_first_token, train_dataset=data,
                           processing_class=tokenizer)
-    trainer.train()
+    try:
+        trainer.train()
+        import wandb
+
+        wandb.finish()
+    finally:
+        env.undo()
     return out, calls
 
 
@@ -123,3 +137,20 @@ def test_conversational_rows_and_two_reward_functions(tmp_path):
                                                       "assistant: dog"]
     assert [s["reward"] for s in run.samples] == [1.5, 0.0, 0.0, 1.0]
     assert [s["group_id"] for s in run.samples] == [0, 0, 1, 1] and {s["step"] for s in run.samples} == {7}
+
+
+def test_the_same_run_reported_to_wandb_offline_reads_as_its_trainer_state(trl_out):
+    pytest.importorskip("wandb.sdk.internal.datastore", reason="needs wandb < 0.30 (the dev extra)")
+    out, _ = trl_out
+    from_wandb = read_source(out.parent / "wb" / "wandb")
+    from_state = read_source(out)
+    assert from_wandb.kind == "wandb" and from_wandb.name == "trl-wandb"
+    assert from_wandb.renamed["train/reward"] == "reward/mean" and "train/entropy" in from_wandb.renamed
+    # HF's WandbCallback logs train/global_step beside W&B's _step: the trainer's step is the run's
+    # (TRL's profiling timings are logged at global step 0 too, before the first step ends)
+    assert [s for s, r in zip(from_wandb.steps, from_wandb.rows) if "reward/mean" in r] == list(range(1, STEPS + 1))
+    state_rows = [r for r in from_state.rows if "entropy/mean" in r]
+    wandb_rows = [r for r in from_wandb.rows if "entropy/mean" in r]
+    assert len(wandb_rows) == len(state_rows) == STEPS
+    for a, b in zip(wandb_rows, state_rows):
+        assert a["entropy/mean"] == pytest.approx(b["entropy/mean"]) and a["reward/mean"] == b["reward/mean"]

@@ -47,6 +47,16 @@ def _config(update) -> dict:
     return out
 
 
+def _trainer_step(entry: dict) -> int | None:
+    # HF Trainer's WandbCallback logs train/global_step beside W&B's own _step counter: the trainer's
+    # step comes first, so the run lines up with its trainer_state.json and completions log
+    for key in ("train/global_step", "trainer/global_step", "global_step", "step"):
+        found = step_of({"step": entry.get(key)})
+        if found is not None:
+            return found
+    return step_of(entry)
+
+
 def read_wandb(path: Path) -> ImportedRun:
     files = wandb_files(path)
     if not files:
@@ -92,7 +102,7 @@ def read_wandb(path: Path) -> ImportedRun:
                 key = item.key or "/".join(item.nested_key)
                 if key:
                     entry[key] = _value(item.value_json)
-            step = step_of(entry)
+            step = _trainer_step(entry)
             if step is None and record.history.HasField("step"):
                 step = int(record.history.step.num)
             if step is not None:
