@@ -5,14 +5,26 @@ so a bad value is refused in the training process, naming the field, before anyt
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from forksight.base.limits import (MAX_RANK, MAX_SHORT_CHARS, RUN_ID_PATTERN, RUN_ID_RE, config_problem,
                                    slug_run_name)
 
 log = logging.getLogger("forksight.client")
+
+
+def _checked_config(value: dict | None) -> dict | None:
+    if value is not None and (problem := config_problem(value)):
+        raise ValueError(problem)
+    return value
+
+
+# a run's free-form config with the one rule every door applies (a lone surrogate or 200 levels of
+# nesting once made GET /api/runs/{id} a 500): RunSpec here, POST/PATCH /api/runs in the collector
+RunConfig = Annotated[dict[str, Any] | None, AfterValidator(_checked_config),
+                      Field(description="free JSON, at most 256 KiB serialised")]
 
 # what POST /api/runs (and Store.create_run) take from a spec; the rest is for the sink
 _CREATE_FIELDS = ("name", "project", "strategy", "model", "config")
@@ -28,18 +40,11 @@ class RunSpec(BaseModel):
     project: str = Field("default", max_length=MAX_SHORT_CHARS)
     strategy: str | None = Field(None, max_length=MAX_SHORT_CHARS)
     model: str | None = Field(None, max_length=MAX_SHORT_CHARS)
-    config: dict[str, Any] | None = Field(None, description="free JSON, at most 256 KiB serialised")
+    config: RunConfig = None
     rank: int = Field(0, ge=0, le=MAX_RANK, description="this process's rank; ranks > 0 join rank 0's run")
     stop_on_alert: bool = Field(False, description="a critical alert sets the sink's should_stop")
     resume: bool = Field(False, description="continue the run with id `name`, not a new `name-2`")
     token: str | None = Field(None, repr=False, description="bearer token (default: $FORKSIGHT_TOKEN)")
-
-    @field_validator("config")
-    @classmethod
-    def _config_json(cls, value: dict | None) -> dict | None:
-        if value is not None and (problem := config_problem(value)):
-            raise ValueError(problem)
-        return value
 
     @classmethod
     def of(cls, run: "str | RunSpec", **fields: Any) -> "RunSpec":

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from forksight.base.limits import (
     BATCH_ID_PATTERN, MAX_BINS, MAX_HISTOGRAMS, MAX_RANK, MAX_SAMPLE_ROWS,
     MAX_SCALAR_ROWS, MAX_SHORT_CHARS, MAX_TOKEN_BLOCKS, MAX_TOKEN_ROWS, RUN_ID_PATTERN,
-    config_problem,
 )
+from forksight.base.runspec import RunConfig
 from forksight.base.tables import HISTOGRAMS, SAMPLES, SCALARS, TOKEN_COLUMNS, Table
 
 Rank = Annotated[int, Field(ge=0, le=MAX_RANK)]
@@ -39,15 +39,7 @@ def _row_model(name: str, table: Table, doc: str) -> type[_Strict]:
 class _RunMeta(_Strict):
     strategy: Short | None = None
     model: Short | None = None
-    config: dict[str, Any] | None = Field(None, description="free JSON, at most 256 KiB serialised")
-
-    @field_validator("config")
-    @classmethod
-    def _config_json(cls, value: dict | None) -> dict | None:
-        # one rule for POST and PATCH (a lone surrogate or 200 levels made GET /api/runs/{id} a 500)
-        if value is not None and (problem := config_problem(value)):
-            raise ValueError(problem)
-        return value
+    config: RunConfig = None      # one rule for POST and PATCH, as for a RunSpec
 
 
 class RunCreate(_RunMeta):
