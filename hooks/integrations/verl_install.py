@@ -16,7 +16,9 @@ import logging
 import sys
 from typing import Any, Callable
 
-from forksight.hooks.integrations.verl_state import STATE, SUPPORT, StopRun, check_version, supported, verl_version  # noqa: F401
+from forksight.hooks.integrations.verl_state import (  # noqa: F401
+    STATE, SUPPORT, check_version, stop_checked, supported, verl_version, watched_fit,
+)
 
 log = logging.getLogger("forksight.verl")
 
@@ -178,32 +180,7 @@ def patch_legacy_trainer(module) -> None:
             logger.guard(logger.note_batch, trainer.global_steps, batch)
         return data_metrics(batch, *args, **kwargs)
 
-    def _start_profiling(self, *args, **kwargs):
-        logger = STATE.logger
-        if STATE.stop_requested or (logger is not None and logger.should_stop()):
-            STATE.stop_requested = True
-            raise StopRun()
-        return start_profiling(self, *args, **kwargs)
-
-    def fit_watched(self, *args, **kwargs):
-        STATE.trainer, STATE.trainer_kind, STATE.stop_requested = self, "legacy", False
-        status = "crashed"
-        try:
-            result = fit(self, *args, **kwargs)
-            status = "finished"
-            return result
-        except StopRun:
-            status = "stopped"
-            log.warning("forksight: stopping the verl run after step %d on a critical alert: %s",
-                        self.global_steps - 1, STATE.logger.last_alert() if STATE.logger else "")
-            self._shutdown_dump_executor()
-            return None
-        finally:
-            if STATE.logger is not None:
-                STATE.logger.finish(status)
-            STATE.trainer = None
-
     trainer_cls._compute_old_log_prob = _compute_old_log_prob
-    trainer_cls._start_profiling = _start_profiling
-    trainer_cls.fit = fit_watched
+    trainer_cls._start_profiling = stop_checked(start_profiling)
+    trainer_cls.fit = watched_fit(fit, "legacy")
     module.compute_data_metrics = compute_data_metrics

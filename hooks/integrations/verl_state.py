@@ -57,3 +57,43 @@ STATE = _State()
 
 class StopRun(Exception):
     """Raised at the start of the step after a critical alert; fit()'s wrapper ends the run."""
+
+
+def stop_checked(start_profiling):
+    """verl's `_start_profiling` (called at the start of every step, legacy and v1) wrapped so a
+    step does not start once the logger asked the run to stop (stop_on_alert)."""
+    def _start_profiling(self, *args, **kwargs):
+        logger = STATE.logger
+        if STATE.stop_requested or (logger is not None and logger.should_stop()):
+            STATE.stop_requested = True
+            raise StopRun()
+        return start_profiling(self, *args, **kwargs)
+    return _start_profiling
+
+
+def watched_fit(fit, kind: str):
+    """A trainer's `fit` that records which trainer runs (`kind`: "legacy" or "v1", known when fit
+    starts, not from a version table) and ends the forksight run as the fit ended: finished,
+    stopped (a critical alert with stop_on_alert) or crashed."""
+    import logging
+
+    log = logging.getLogger("forksight.verl")
+
+    def fit_watched(self, *args, **kwargs):
+        STATE.trainer, STATE.trainer_kind, STATE.stop_requested = self, kind, False
+        status = "crashed"
+        try:
+            result = fit(self, *args, **kwargs)
+            status = "finished"
+            return result
+        except StopRun:
+            status = "stopped"
+            log.warning("forksight: stopping the verl run after step %d on a critical alert: %s",
+                        self.global_steps - 1, STATE.logger.last_alert() if STATE.logger else "")
+            self._shutdown_dump_executor()
+            return None
+        finally:
+            if STATE.logger is not None:
+                STATE.logger.finish(status)
+            STATE.trainer = None
+    return fit_watched

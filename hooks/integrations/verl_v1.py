@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from forksight.hooks.integrations.verl_state import STATE, StopRun
+from forksight.hooks.integrations.verl_state import STATE, stop_checked, watched_fit
 
 log = logging.getLogger("forksight.verl")
 
@@ -128,32 +128,7 @@ def patch_v1_trainer(module) -> None:
             tokens = step_data.pop("tokens")
             logger.note_batch_dict(step, step_data, tokens)
 
-    def _start_profiling(self, *args, **kwargs):
-        logger = STATE.logger
-        if STATE.stop_requested or (logger is not None and logger.should_stop()):
-            STATE.stop_requested = True
-            raise StopRun()
-        return start_profiling(self, *args, **kwargs)
-
-    def fit_watched(self, *args, **kwargs):
-        STATE.trainer, STATE.trainer_kind, STATE.stop_requested = self, "v1", False
-        status = "crashed"
-        try:
-            result = fit(self, *args, **kwargs)
-            status = "finished"
-            return result
-        except StopRun:
-            status = "stopped"
-            log.warning("forksight: stopping the verl run after step %d on a critical alert: %s",
-                        self.global_steps - 1, STATE.logger.last_alert() if STATE.logger else "")
-            self._shutdown_dump_executor()
-            return None
-        finally:
-            if STATE.logger is not None:
-                STATE.logger.finish(status)
-            STATE.trainer = None
-
     trainer_cls._compute_old_log_prob = _compute_old_log_prob
     trainer_cls._compute_metrics = _compute_metrics
-    trainer_cls._start_profiling = _start_profiling
-    trainer_cls.fit = fit_watched
+    trainer_cls._start_profiling = stop_checked(start_profiling)
+    trainer_cls.fit = watched_fit(fit, "v1")
