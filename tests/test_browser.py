@@ -17,13 +17,11 @@ import pytest
 
 pytest.importorskip("playwright")
 from collector_util import ServeProcess  # noqa: E402
+from browser_util import browser_context, watched_page  # noqa: E402
 from conftest import require_browser  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 RUN, OTHER = "grpo-collapse", "fork-20pct"
 COLLAPSED, LIVE = "collapsed-at-end", "tokens-live"   # issue 16: fixed colours, live slider
 HEALTHY_STEPS, COLLAPSED_H = 6, 5e-5                  # then one step at ~5e-5 nats per token
@@ -74,27 +72,14 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def context(served):
-    """One browser context for the module: its cache keeps Dash's bundles between tests."""
-    from playwright.sync_api import sync_playwright
-
-    _, chromium = served
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        ctx = b.new_context(viewport={"width": 1400, "height": 1000})
+    with browser_context(served[1]) as ctx:
         yield ctx
-        ctx.close()
-        b.close()
 
 
 @pytest.fixture()
 def page(context):
-    """A fresh page that records console errors and uncaught exceptions."""
-    pg = context.new_page()
-    pg.errors = []
-    pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
-    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-    yield pg
-    pg.close()
+    with watched_page(context) as pg:
+        yield pg
 
 
 def shots_dir(tmp_path: Path) -> Path:

@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("playwright")
 from collector_util import ServeProcess  # noqa: E402
 from conftest import require_browser  # noqa: E402
-from test_browser import CHROMIUM_ARGS, shots_dir, wait_graph  # noqa: E402
+from browser_util import browser_context, watched_page  # noqa: E402
+from test_browser import shots_dir, wait_graph  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 RUN, HEALTHY, WARMING = "grpo-collapse", "fork-healthy", "warming-up"
@@ -43,26 +44,15 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def context(served):
-    from playwright.sync_api import sync_playwright
-
-    chromium = served[1]
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        ctx = b.new_context(viewport={"width": 1400, "height": 1000})
+    with browser_context(served[1]) as ctx:
         yield ctx
-        ctx.close()
-        b.close()
 
 
 @pytest.fixture()
 def page(context):
-    pg = context.new_page()
-    pg.errors = []
-    pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
-    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-    yield pg
-    assert pg.errors == []
-    pg.close()
+    with watched_page(context) as pg:
+        yield pg
+        assert pg.errors == []
 
 
 def table_rows(page) -> list[dict]:

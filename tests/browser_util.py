@@ -1,0 +1,37 @@
+"""What every browser test module shares: one Chromium context per module (its cache keeps Dash's
+bundles between tests) and pages that record console errors and uncaught exceptions."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+@contextmanager
+def browser_context(chromium: str, width: int = 1400, height: int = 1000) -> Iterator:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        ctx = browser.new_context(viewport={"width": width, "height": height})
+        try:
+            yield ctx
+        finally:
+            ctx.close()
+            browser.close()
+
+
+@contextmanager
+def watched_page(context) -> Iterator:
+    """A fresh page; `page.errors` collects console errors and uncaught exceptions."""
+    pg = context.new_page()
+    pg.errors = []
+    pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    try:
+        yield pg
+    finally:
+        pg.close()
