@@ -18,7 +18,7 @@ import pandas as pd
 from forksight.base.downsample import keep_indices
 from forksight.base.constants import FORK_ENTROPY
 
-FORK_THRESHOLD = FORK_ENTROPY   # 80th-percentile entropy of Wang et al. (ALGORITHMS.md §3)
+FORK_THRESHOLD = FORK_ENTROPY   # 80th-percentile entropy of Wang et al. (docs/algorithms.md §2)
 SCATTERGL_AFTER = 15_000        # SVG gets sluggish past this many points per figure
 DIAGNOSTIC_KEYS = ("fork/frac", "selected/frac", "cov/logp_adv", "loss", "kl", "grad_norm",
                    "length/mean", "top1/mean")

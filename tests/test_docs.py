@@ -48,3 +48,10 @@ def test_the_reference_numbers_are_the_codes():
     fields = TrainConfig.model_fields
     assert f"ε_low = {fields['clip_low'].default}, ε_high = {fields['clip_high'].default}" in doc
     assert f"τ_p = {fields['stapo_tau_p'].default}" in doc
+
+
+def test_no_source_file_cites_the_design_notes_outside_the_repository():
+    folders = ("core", "monitor", "hooks", "trainer", "dashboard", "bench")
+    citing = [str(p.relative_to(REPO)) for f in folders for p in (REPO / f).rglob("*.py")
+              if "ALGORITHMS.md" in p.read_text()]
+    assert not citing, citing

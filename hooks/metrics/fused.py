@@ -1,6 +1,6 @@
 """The fused path of token_stats: each block's sums in one compiled kernel (torch.compile: C++ on
 the CPU, Triton on CUDA), the eager path in token_stats.py being the fallback (docs:
-../shared/ALGORITHMS.md §1, §2).
+docs/algorithms.md §1, §3).
 
 Per block of rows, after an eager max m (one cheap read, and the NaN/inf check):
   `sums`   one read of the logits: s = (z − m)/temp, e = exp(s), and Σe, Σe·s, Σe² accumulated

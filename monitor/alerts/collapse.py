@@ -1,4 +1,4 @@
-"""Entropy collapse (floor, drop, log-linear forecast) and its mechanism, Cov(log π, A) (ALGORITHMS.md §6)."""
+"""Entropy collapse (floor, drop, log-linear forecast) and its mechanism, Cov(log π, A) (docs/algorithms.md §7)."""
 from __future__ import annotations
 
 import math

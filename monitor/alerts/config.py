@@ -43,7 +43,7 @@ class CollapseConfig(DetectorConfig):
 
 
 class CovarianceConfig(DetectorConfig):
-    """Early warning from the mechanism: Cov(log π, A) staying positive (ALGORITHMS.md §6)."""
+    """Early warning from the mechanism: Cov(log π, A) staying positive (docs/algorithms.md §7)."""
 
     # Cov(log π, A) is positive on nearly every step of a healthy GRPO run too (measured on the
     # bundled trainer), so it only warns together with an entropy that is already falling.

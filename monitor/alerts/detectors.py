@@ -1,5 +1,5 @@
 """The detectors behind forksight's alerts, one class per way a run goes wrong; shared state in
-detector_base.py, collapse and covariance in collapse.py, configs in alert_config.py (ALGORITHMS.md §3, §6, §9).
+detector_base.py, collapse and covariance in collapse.py, configs in alert_config.py (docs/algorithms.md §7, §9).
 """
 from __future__ import annotations
 
