@@ -202,6 +202,20 @@ def test_run_ids_refuse_a_trailing_newline(tmp_path):
 
 
 # ---------------------------------------------------------------------------- damaged files
+def _data_block_offset(path) -> int:
+    """Where in the file a block of the tokens table's entropy data lies (DuckDB's layout: three
+    4 KiB headers, then 256 KiB blocks), so the test garbles data, not the metadata read on open."""
+    import duckdb
+
+    with duckdb.connect(str(path), read_only=True) as con:
+        block_size = con.execute("SELECT block_size FROM pragma_database_size()").fetchone()[0]
+        block = con.execute("SELECT max(block_id) FROM pragma_storage_info('tokens') "
+                            "WHERE column_name = 'entropy' AND segment_type = 'FLOAT' AND block_id >= 0"
+                            ).fetchone()[0]
+    assert block is not None
+    return 3 * 4096 + block * block_size + 4096
+
+
 def _stored_file(path) -> int:
     with Store(path) as store:
         run = store.create_run("keep")
@@ -219,7 +233,7 @@ def test_damaged_unreadable_and_held_files_each_get_their_own_message(tmp_path, 
     garbled = tmp_path / "garbled.duckdb"
     shutil.copy(good, garbled)
     with open(garbled, "r+b") as f:                   # a garbled data block inside a valid file
-        f.seek(size // 2)
+        f.seek(_data_block_offset(good))
         f.write(os.urandom(64 * 1024))
     truncated = tmp_path / "truncated.duckdb"
     shutil.copy(good, truncated)
@@ -246,9 +260,10 @@ def test_damaged_unreadable_and_held_files_each_get_their_own_message(tmp_path, 
 def test_serve_skip_verify_starts_on_a_file_a_full_check_refuses(tmp_path):
     # a big file the owner knows is sound can start without the block-by-block read
     db = tmp_path / "big.duckdb"
-    size = _stored_file(db)
+    _stored_file(db)
+    offset = _data_block_offset(db)
     with open(db, "r+b") as f:                        # the same garbled block as above
-        f.seek(size // 2)
+        f.seek(offset)
         f.write(os.urandom(64 * 1024))
     with pytest.raises(RuntimeError, match="damaged"):
         Store(db)

@@ -221,4 +221,14 @@ UPDATE runs SET last_step = (SELECT max(s.step) FROM scalars s WHERE s.run_id = 
 
 def schema_sql() -> str:
     """The DDL of every table, plus the columns older files lack."""
-    return "\n".join(t.ddl() + t.add_missing_columns() for t in TABLES.values()) + ALERTS_BACKFILL + RUNS_BACKFILL
+    return "\n".join(t.ddl() + t.add_missing_columns() for t in TABLES.values())
+
+
+# One-time fills of what older files lack: (table, column, SQL), run on open only when that
+# column (None: that table) was missing from an existing file, so opening a current file scans
+# nothing (a scan on every open read every block, which `serve --skip-verify` exists to avoid).
+BACKFILLS = (
+    ("alerts", "signal", ALERTS_BACKFILL),
+    ("runs", "last_step", RUNS_BACKFILL),
+    ("token_steps", None, "INSERT INTO token_steps SELECT DISTINCT run_id, step FROM tokens;"),
+)

@@ -100,8 +100,10 @@ def run_serve(args: argparse.Namespace) -> int:
         print(hint, flush=True)
     # uvicorn handles SIGINT/SIGTERM itself, shuts down, then raises the signal again with the
     # handler that was set before it ran: for SIGTERM (docker stop, systemd, Kubernetes) Python's
-    # default killed the process before store.close(). This handler lets the raise return, so a
-    # SIGTERM ends exactly as Ctrl-C does: the store is closed (no .wal left), close hooks run, exit 0.
+    # default killed the process before store.close(). This handler makes SIGTERM what SIGINT is
+    # (KeyboardInterrupt), so it ends exactly as Ctrl-C does: the store is closed (no .wal left),
+    # close hooks run, exit 0 — also when it arrives before uvicorn has installed its own handlers
+    # (a handler that did nothing there swallowed it, and the collector then ran on).
     previous = _stop_quietly_on_sigterm()
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
@@ -145,12 +147,17 @@ def _other_db_hint(db: str, existed: bool) -> str | None:
             f"forksight serve --db {DEMO_DB}")
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def _stop_quietly_on_sigterm():
-    """Install a SIGTERM handler that does nothing (uvicorn's own replaces it while serving);
-    returns the one it replaced (None off the main thread, where signals cannot be set)."""
+    """Install a SIGTERM handler that raises KeyboardInterrupt, as SIGINT's does (uvicorn's own
+    replaces it while serving, and calls it again once shut down); returns the one it replaced
+    (None off the main thread, where signals cannot be set)."""
     if threading.current_thread() is not threading.main_thread():
         return None
-    return signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    return signal.signal(signal.SIGTERM, _interrupt)
 
 
 def _alert_hub(args: argparse.Namespace):

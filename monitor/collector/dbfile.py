@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 
-from forksight.base.tables import TABLES, schema_sql
+from forksight.base.tables import BACKFILLS, TABLES, schema_sql
 
 log = logging.getLogger("forksight.store")
 
@@ -50,8 +50,10 @@ def connect(path: str, verify: bool = True, config: dict | None = None):
         raise RuntimeError(open_failure(path, exc)) from None
     try:
         conn.execute("SET enable_progress_bar = false")   # a collector's log is no terminal
+        before = set(conn.execute("SELECT table_name, column_name FROM information_schema.columns "
+                                  "WHERE table_schema = 'main'").fetchall())
         conn.execute(schema_sql())
-        backfill_token_steps(conn)
+        migrate(conn, before)
         if verify:
             for table in TABLES:      # every column of every row: DuckDB checks each block's checksum
                 conn.execute(f"SELECT sum(hash(t)) FROM {table} t").fetchall()
@@ -65,10 +67,14 @@ def connect(path: str, verify: bool = True, config: dict | None = None):
     return conn
 
 
-def backfill_token_steps(conn) -> None:
-    """A file written before the token_steps index: fill it once from its token rows."""
-    if conn.execute("SELECT count(*) FROM token_steps").fetchall()[0][0] == 0:
-        conn.execute("INSERT INTO token_steps SELECT DISTINCT run_id, step FROM tokens")
+def migrate(conn, before: set[tuple[str, str]]) -> None:
+    """Fill, once, what a file written by an older forksight lacks (`before`: its (table, column)
+    pairs as found on open; a new file has nothing to fill)."""
+    tables = {table for table, _ in before}
+    for table, column, sql in BACKFILLS:
+        missing = table not in tables if column is None else (table, column) not in before
+        if tables and missing:
+            conn.execute(sql)
 
 
 def open_failure(path: str, exc: Exception) -> str:
