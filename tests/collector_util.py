@@ -168,3 +168,19 @@ def fill_disk(where: os.PathLike, leave: int) -> Path:
     with open(filler, "ab") as f:
         f.write(b"\0" * max(0, free - leave))
     return filler
+
+
+# a process that writes 4 token steps (acknowledged, not checkpointed: the rows live in the .wal)
+# and dies without closing the store; argv[1] = the DuckDB file
+CRASH_AFTER_WRITES = """
+import os, sys, numpy as np
+from forksight.base.records import Records, tokens_table
+from forksight.monitor.collector.store import Store
+store = Store(sys.argv[1])
+run = store.create_run("wal")
+for step in range(4):
+    n = 50_000
+    store.write(run, Records(tokens=tokens_table({"sample_id": np.arange(n), "pos": np.zeros(n, np.int32)},
+                                                 step=step))).result()
+os._exit(0)      # acknowledged, not checkpointed: the rows live in the .wal
+"""

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from collector_util import ServeProcess
+from collector_util import CRASH_AFTER_WRITES, ServeProcess
 from forksight.base.limits import MAX_CONFIG_CHARS, MAX_STEP, RUN_ID_RE
 from forksight.monitor.collector.export import export_file
 from forksight.base.constants import ARROW_MEDIA_TYPE
@@ -322,23 +322,9 @@ def test_duckdb_memory_and_threads_are_capped_as_asked_and_typos_refused(tmp_pat
         assert store.reader.row_counts(run)["scalars"] == 1
 
 
-_CRASH = """
-import os, sys, numpy as np
-from forksight.base.records import Records, tokens_table
-from forksight.monitor.collector.store import Store
-store = Store(sys.argv[1])
-run = store.create_run("wal")
-for step in range(4):
-    n = 50_000
-    store.write(run, Records(tokens=tokens_table({"sample_id": np.arange(n), "pos": np.zeros(n, np.int32)},
-                                                 step=step))).result()
-os._exit(0)      # acknowledged, not checkpointed: the rows live in the .wal
-"""
-
-
 def test_rows_lost_with_a_truncated_wal_are_reported_not_served_silently(tmp_path, caplog):
     db = tmp_path / "w.duckdb"
-    subprocess.run([sys.executable, "-c", _CRASH, str(db)], check=True)
+    subprocess.run([sys.executable, "-c", CRASH_AFTER_WRITES, str(db)], check=True)
     wal = tmp_path / "w.duckdb.wal"
     with open(wal, "r+b") as f:
         f.truncate(wal.stat().st_size // 2)

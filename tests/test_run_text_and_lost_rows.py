@@ -8,7 +8,7 @@ import sys
 
 import httpx
 
-from collector_util import InProcessCollector
+from collector_util import CRASH_AFTER_WRITES, InProcessCollector
 from forksight.dashboard.pages.runs import _store_note, runs_rows
 from forksight.dashboard.text import visible
 from forksight.monitor.collector.store import Store
@@ -29,23 +29,9 @@ def test_the_runs_table_shows_run_metadata_escaped(tmp_path):
         assert store.reader.run("bidi")["strategy"] == "ict\u202egnp.exe"     # stored and served verbatim
 
 
-_CRASH = """
-import os, sys, numpy as np
-from forksight.base.records import Records, tokens_table
-from forksight.monitor.collector.store import Store
-store = Store(sys.argv[1])
-run = store.create_run("wal")
-for step in range(4):
-    n = 50_000
-    store.write(run, Records(tokens=tokens_table({"sample_id": np.arange(n), "pos": np.zeros(n, np.int32)},
-                                                 step=step))).result()
-os._exit(0)
-"""
-
-
 def test_rows_lost_with_a_truncated_wal_are_reported_until_acknowledged(tmp_path):
     db = tmp_path / "w.duckdb"
-    subprocess.run([sys.executable, "-c", _CRASH, str(db)], check=True)
+    subprocess.run([sys.executable, "-c", CRASH_AFTER_WRITES, str(db)], check=True)
     wal = tmp_path / "w.duckdb.wal"
     with open(wal, "r+b") as f:
         f.truncate(wal.stat().st_size // 2)
