@@ -184,3 +184,14 @@ for step in range(4):
                                                  step=step))).result()
 os._exit(0)      # acknowledged, not checkpointed: the rows live in the .wal
 """
+
+
+def file_with_truncated_wal(tmp_path) -> Path:
+    """A DuckDB file whose process died after 4 acknowledged token steps (200,000 rows, all in the
+    .wal), with that .wal then cut in half: the rows past the cut are lost on the next open."""
+    db = Path(tmp_path) / "w.duckdb"
+    subprocess.run([sys.executable, "-c", CRASH_AFTER_WRITES, str(db)], check=True)
+    wal = Path(str(db) + ".wal")
+    with open(wal, "r+b") as f:
+        f.truncate(wal.stat().st_size // 2)
+    return db

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from collector_util import CRASH_AFTER_WRITES, ServeProcess
+from collector_util import file_with_truncated_wal, ServeProcess
 from forksight.base.limits import MAX_CONFIG_CHARS, MAX_STEP, RUN_ID_RE
 from forksight.monitor.collector.export import export_file
 from forksight.base.constants import ARROW_MEDIA_TYPE
@@ -323,11 +323,7 @@ def test_duckdb_memory_and_threads_are_capped_as_asked_and_typos_refused(tmp_pat
 
 
 def test_rows_lost_with_a_truncated_wal_are_reported_not_served_silently(tmp_path, caplog):
-    db = tmp_path / "w.duckdb"
-    subprocess.run([sys.executable, "-c", CRASH_AFTER_WRITES, str(db)], check=True)
-    wal = tmp_path / "w.duckdb.wal"
-    with open(wal, "r+b") as f:
-        f.truncate(wal.stat().st_size // 2)
+    db = file_with_truncated_wal(tmp_path)
     with Store(db) as store:
         kept = store.reader.row_counts("wal")["tokens"]
         assert kept < 200_000                          # DuckDB replays what is left, silently

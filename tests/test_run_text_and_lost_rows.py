@@ -3,12 +3,9 @@ lost from the file (a truncated .wal) are reported by /api/health and on the run
 restarts, until someone acknowledges them."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import httpx
 
-from collector_util import CRASH_AFTER_WRITES, InProcessCollector
+from collector_util import file_with_truncated_wal, InProcessCollector
 from forksight.dashboard.pages.runs import _store_note, runs_rows
 from forksight.dashboard.text import visible
 from forksight.monitor.collector.store import Store
@@ -30,11 +27,7 @@ def test_the_runs_table_shows_run_metadata_escaped(tmp_path):
 
 
 def test_rows_lost_with_a_truncated_wal_are_reported_until_acknowledged(tmp_path):
-    db = tmp_path / "w.duckdb"
-    subprocess.run([sys.executable, "-c", CRASH_AFTER_WRITES, str(db)], check=True)
-    wal = tmp_path / "w.duckdb.wal"
-    with open(wal, "r+b") as f:
-        f.truncate(wal.stat().st_size // 2)
+    db = file_with_truncated_wal(tmp_path)
     with Store(db) as store:
         lost = 200_000 - store.reader.row_counts("wal")["tokens"]
         assert lost > 0 and store.lost_rows == store.missing_rows == {"tokens": lost}
