@@ -79,11 +79,15 @@ def _rows_table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema, rank: int,
         raise RecordError(f"{where}: {exc}") from None
 
 
+def finite_or_null(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The row with every non-finite float as None (JSON cannot carry NaN/inf; the store keeps null)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+
+
 def alerts_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
     """Alert rows (with run_id) -> the `alerts` table's Arrow form; a non-finite number becomes
     null (JSON answers and the store agree), fields the table lacks are dropped."""
-    clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-              for k, v in ((k, r.get(k)) for k in ALERTS_SCHEMA.names)} for r in rows]
+    clean = [finite_or_null({k: r.get(k) for k in ALERTS_SCHEMA.names}) for r in rows]
     return pa.Table.from_pylist(clean, schema=ALERTS_SCHEMA)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from forksight.base.runconfig import vocab_size_of
 from forksight.base.interfaces import AlertHub
 from forksight.base.limits import RUN_ID_RE
 from forksight.base.errors import ApiError, unknown_run
-from forksight.base.records import Records, alerts_table
+from forksight.base.records import Records, alerts_table, finite_or_null
 from forksight.monitor.collector.faults import StoreUnavailable
 from forksight.monitor.collector.reader import Reader
 from forksight.monitor.collector.store import BatchConflict, Committed, Store, insert_arrow
@@ -171,7 +170,7 @@ class Ingest:
                 found = []
             for row in found:
                 # JSON answers cannot carry NaN/inf: a non-finite alert field becomes null
-                row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+                row = finite_or_null(row)
                 row["run_id"] = run_id
                 row.setdefault("step", step)
                 row.setdefault("wall_time", time.time())
