@@ -203,8 +203,40 @@ BATCHES = Table("batches", (
 # reads this index instead of a DISTINCT over every token row
 TOKEN_STEPS = Table("token_steps", (_run_id(), _step()), primary_key=("run_id", "step"))
 
+
+def _sum(name: str, help: str, arrow: pa.DataType = pa.float64()) -> Column:
+    return Column(name, arrow, help, wire=False)
+
+
+# multi-resolution rollups kept by the writer (monitor/collector/rollups.py): per run, key, width
+# (4, 16, ... steps) and bucket (step // width), the rank-merge sums of the bucket's first step
+# (a downsampled read draws real points) and of the whole bucket (mean, min, max): a first open
+# reads O(points drawn) rows, not O(steps)
+SCALAR_ROLLUPS = Table("scalar_rollups", (
+    _run_id(), Column("key", pa.string(), "scalar name", wire=False),
+    _sum("width", "steps per bucket", pa.int64()), _sum("bucket", "step // width", pa.int64()),
+    _sum("first_step", "the bucket's first step", pa.int64()),
+    _sum("last_step", "the bucket's last step", pa.int64()),
+    *(_sum(f"first_{n}", f"{h}, first step's rows") for n, h in (
+        ("vw", "sum of value x weight"), ("w", "sum of weight"), ("v", "sum of value"),
+        ("n", "rows"), ("wall", "largest wall time"))),
+    *(_sum(n, f"{h}, the bucket's rows") for n, h in (
+        ("vw", "sum of value x weight"), ("w", "sum of weight"), ("v", "sum of value"),
+        ("n", "rows"), ("vmin", "smallest value"), ("vmax", "largest value"))),
+), primary_key=("run_id", "key", "width", "bucket"))
+# the entropy heatmap's rollup: each bin's count summed over the bucket's steps and ranks
+HISTOGRAM_ROLLUPS = Table("histogram_rollups", (
+    _run_id(), Column("key", pa.string(), "histogram name", wire=False),
+    _sum("width", "steps per bucket", pa.int64()), _sum("bucket", "step // width", pa.int64()),
+    _sum("bin_lo", "bin's lower edge"), _sum("bin_hi", "bin's upper edge"),
+    _sum("first_step", "the bucket's first step", pa.int64()),
+    _sum("last_step", "the bucket's last step", pa.int64()),
+    _sum("count", "values in the bin over the bucket"),
+), primary_key=("run_id", "key", "width", "bucket", "bin_lo", "bin_hi"))
+
 DATA_TABLES = ("scalars", "tokens", "samples", "histograms")   # what a batch carries
-TABLES = {t.name: t for t in (RUNS, SCALARS, TOKENS, SAMPLES, HISTOGRAMS, ALERTS, BATCHES, TOKEN_STEPS)}
+TABLES = {t.name: t for t in (RUNS, SCALARS, TOKENS, SAMPLES, HISTOGRAMS, ALERTS, BATCHES, TOKEN_STEPS,
+                              SCALAR_ROLLUPS, HISTOGRAM_ROLLUPS)}
 
 # the per-token columns producers send (Arrow IPC bodies and JSON token blocks)
 TOKEN_COLUMNS = {c.name: c for c in TOKENS.wire_columns()}
