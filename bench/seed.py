@@ -196,10 +196,10 @@ def seed(db_path: str, steps: int = 10_000, runs: int = 1, token_rows_per_step: 
 
 def _derived(con) -> None:
     """The tables the store's writer keeps at ingest, built from the seeded rows."""
-    try:
-        from forksight.monitor.collector.rollups import rebuild_rollups
-    except ImportError:          # a store without rollups: nothing more to build
-        return
+    from forksight.monitor.collector.rollups import rebuild_rollups
+
+    con.execute("INSERT OR IGNORE INTO scalar_keys SELECT DISTINCT run_id, key FROM scalars")
+    con.execute("UPDATE runs SET first_step = 0")
     rebuild_rollups(con)
 
 

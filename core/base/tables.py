@@ -112,6 +112,8 @@ RUNS = Table("runs", (
     Column("config", pa.string(), "the run's config as JSON"),
     Column("heartbeat", pa.float64(), "unix seconds of the last sign of life"),
     Column("last_step", pa.int64(), "the largest step of the run's scalars, kept by the writer", wire=False),
+    Column("first_step", pa.int64(), "the smallest step of the run's scalars, kept by the writer",
+           wire=False),
 ), primary_key=("run_id",))
 
 SCALARS = Table("scalars", (
@@ -202,6 +204,10 @@ BATCHES = Table("batches", (
 # the steps that hold token rows, one row each, kept by the writer: the tokens page's step list
 # reads this index instead of a DISTINCT over every token row
 TOKEN_STEPS = Table("token_steps", (_run_id(), _step()), primary_key=("run_id", "step"))
+# the scalar keys of each run, one row each, kept by the writer: the run page's key list reads
+# this instead of a DISTINCT over every scalar row of the run
+SCALAR_KEYS = Table("scalar_keys", (_run_id(), Column("key", pa.string(), "scalar name", wire=False)),
+                    primary_key=("run_id", "key"))
 
 
 def _sum(name: str, help: str, arrow: pa.DataType = pa.float64()) -> Column:
@@ -236,7 +242,7 @@ HISTOGRAM_ROLLUPS = Table("histogram_rollups", (
 
 DATA_TABLES = ("scalars", "tokens", "samples", "histograms")   # what a batch carries
 TABLES = {t.name: t for t in (RUNS, SCALARS, TOKENS, SAMPLES, HISTOGRAMS, ALERTS, BATCHES, TOKEN_STEPS,
-                              SCALAR_ROLLUPS, HISTOGRAM_ROLLUPS)}
+                              SCALAR_KEYS, SCALAR_ROLLUPS, HISTOGRAM_ROLLUPS)}
 
 # the per-token columns producers send (Arrow IPC bodies and JSON token blocks)
 TOKEN_COLUMNS = {c.name: c for c in TOKENS.wire_columns()}
@@ -262,5 +268,8 @@ def schema_sql() -> str:
 BACKFILLS = (
     ("alerts", "signal", ALERTS_BACKFILL),
     ("runs", "last_step", RUNS_BACKFILL),
+    ("runs", "first_step", "UPDATE runs SET first_step = (SELECT min(s.step) FROM scalars s "
+                           "WHERE s.run_id = runs.run_id) WHERE first_step IS NULL;"),
     ("token_steps", None, "INSERT INTO token_steps SELECT DISTINCT run_id, step FROM tokens;"),
+    ("scalar_keys", None, "INSERT INTO scalar_keys SELECT DISTINCT run_id, key FROM scalars;"),
 )

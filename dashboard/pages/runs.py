@@ -1,76 +1,44 @@
-"""Runs page: every run with its status, strategy, model, last step, current entropy with a
-sparkline, pass@1 and alerts; filter, open one, or select several to compare."""
+"""Runs page: the runs with their status, strategy, model, last step, current entropy with a
+sparkline, pass@1 and alerts, one page at a time (paged, filtered and sorted in SQL: the browser
+never holds every run); filter, open one, or select several to compare."""
 from __future__ import annotations
 
-import math
 from urllib.parse import quote
 
 import dash
-import pandas as pd
 from dash import Input, Output, State, dash_table, dcc, html
 
-from forksight.base.interfaces import Reader
 from forksight.dashboard import data
-from forksight.dashboard.figures import sparkline
-from forksight.dashboard.text import store_note, visible
-from forksight.dashboard.verdict import CHIP_COLORS, STATES, verdicts_of_runs
+from forksight.dashboard.runs_table import (
+    PAGE_SIZE, SPARK_POINTS, SQL_COLUMNS, parse_filter, runs_rows, runs_table,
+)
+from forksight.dashboard.text import store_note
+from forksight.dashboard.verdict import CHIP_COLORS, STATES
+
+__all__ = ["SPARK_POINTS", "layout", "register", "runs_rows", "runs_table"]
 
 REFRESH_MS = 3000
-SPARK_POINTS = 24
 COLUMNS = [("name", "run"), ("health", "health"), ("status", "status"),
            ("strategy", "strategy"), ("model", "model"), ("last_step", "last step"),
            ("entropy", "entropy H"), ("trend", "H trend"), ("pass1", "pass@1"),
            ("alerts", "alerts")]
 MARKDOWN = {"alerts"}        # a link to the alerts view (its text: counts, its URL: a quoted id)
-
-
-def _num(value, digits: int = 3):
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) \
-        else round(float(value), digits)
-
-
-def runs_rows(reader: Reader, prefix: str = "/") -> list[dict]:
-    """One table row per run (plain values: DataTable renders them as text; the alerts cell is
-    a markdown link to the alerts view filtered to the run, built from numbers and a quoted id)."""
-    runs = reader.list_runs()
-    alerts = reader.read_alerts()
-    counts = alerts.groupby(["run_id", "severity"]).size().to_dict() if not alerts.empty else {}
-    # every run's sparkline in one query: one query per run took 23 s at 1,861 runs
-    trends = reader.read_scalars_of_runs(["entropy/mean", "pass@1"], downsample=SPARK_POINTS)
-    values = trends.groupby(["run_id", "key"], sort=False)["value"].agg(list).to_dict() \
-        if not trends.empty else {}
-    steps = {r["run_id"]: None if pd.isna(r["last_step"]) else int(r["last_step"])
-             for r in runs.to_dict("records")}
-    latest = {rid: {"entropy/mean": ent[-1]} for (rid, key), ent in values.items()
-              if key == "entropy/mean" and ent}
-    health = verdicts_of_runs(alerts, latest, steps)
-    rows = []
-    for run in runs.to_dict("records"):
-        rid = run["run_id"]
-        ent, p1 = values.get((rid, "entropy/mean"), []), values.get((rid, "pass@1"), [])
-        crit, warn = int(counts.get((rid, "critical"), 0)), int(counts.get((rid, "warning"), 0))
-        counts_text = " · ".join(t for t in (f"{crit} critical" if crit else "",
-                                             f"{warn} warning" if warn else "") if t)
-        rows.append({
-            "id": rid, "name": visible(run.get("name") or rid), "health": health[rid].label,
-            "health_why": health[rid].why, "status": run.get("status") or "?",
-            "strategy": visible(run.get("strategy")), "model": visible(run.get("model")),
-            "last_step": None if pd.isna(run.get("last_step")) else int(run["last_step"]),
-            "entropy": _num(ent[-1]) if ent else None, "trend": sparkline(ent),
-            "pass1": _num(p1[-1]) if p1 else None,
-            "alerts": f"[{counts_text}]({prefix}alerts?run={quote(rid, safe='')})"
-            if counts_text else "",
-        })
-    return rows
+# the columns drawn per page cannot be sorted or filtered in SQL: no sort arrow, no filter box
+_PER_PAGE = [i for i, (cid, _) in enumerate(COLUMNS) if cid not in SQL_COLUMNS]
+_CSS = [{"selector": f"th.dash-header.column-{i + 1} .column-header--sort", "rule": "display: none"}
+        for i in _PER_PAGE] + [{"selector": f"th.dash-filter.column-{i + 1} input",
+                                "rule": "display: none"} for i in _PER_PAGE]
 
 
 def layout(**_query) -> html.Div:
+    first, total = runs_table(data.reader(), dash.get_relative_path("/"))
     return html.Div([
         html.H2("Runs"),
         html.Div(_store_note(data.reader()), id="runs-store-note", className="store-note", role="alert"),
         html.Div(className="controls", children=[
-            html.Span("Filter: type in the row under the headers (e.g. fork, live). "
+            html.Span("Filter: type in the row under the headers (e.g. fork, live, > 100). "
                       "Click a run to open it; tick rows to compare them."),
+            html.Span(_count(total), id="runs-count", className="muted"),
             html.Button("Compare selected", id="runs-compare", className="btn"),
         ]),
         dash_table.DataTable(
@@ -78,9 +46,11 @@ def layout(**_query) -> html.Div:
                                        **({"presentation": "markdown"} if cid in MARKDOWN else {})}
                                       for cid, label in COLUMNS],
             markdown_options={"link_target": "_self"},
-            data=runs_rows(data.reader(), dash.get_relative_path("/")), row_selectable="multi",
-            selected_rows=[],
-            filter_action="native", sort_action="native", page_size=50,
+            data=first, row_selectable="multi", selected_rows=[],
+            # paged, filtered and sorted in SQL: the browser holds one page, never every run
+            page_action="custom", page_current=0, page_size=PAGE_SIZE,
+            page_count=max(1, -(-total // PAGE_SIZE)), filter_action="custom", filter_query="",
+            sort_action="custom", sort_mode="multi", sort_by=[], css=_CSS,
             style_as_list_view=True, style_cell={"fontFamily": "inherit", "padding": "6px 10px",
                                                  "textAlign": "left", "fontSize": "14px"},
             style_header={"fontWeight": "600", "backgroundColor": "#f1f3f5"},
@@ -106,9 +76,22 @@ def register(app: dash.Dash) -> None:
                        layout=layout)
 
     @app.callback(Output("runs-table", "data"), Input("runs-tick", "n_intervals"),
+                  Input("runs-table", "page_current"), Input("runs-table", "page_size"),
+                  Input("runs-table", "sort_by"), Input("runs-table", "filter_query"),
                   prevent_initial_call=True)
-    def refresh(_n):
-        return runs_rows(data.reader(), dash.get_relative_path("/"))
+    def refresh(_n, page, size, sort_by, filter_query):
+        return runs_table(data.reader(), dash.get_relative_path("/"), *_paging(page, size),
+                          sort_by if isinstance(sort_by, list) else None,
+                          filter_query if isinstance(filter_query, str) else None)[0]
+
+    @app.callback(Output("runs-table", "page_count"), Output("runs-count", "children"),
+                  Input("runs-tick", "n_intervals"), Input("runs-table", "page_size"),
+                  Input("runs-table", "filter_query"), prevent_initial_call=True)
+    def count(_n, size, filter_query):
+        size = _paging(0, size)[1]
+        total = data.reader().runs_page(
+            where=parse_filter(filter_query if isinstance(filter_query, str) else None), limit=0)[1]
+        return max(1, -(-total // size)), _count(total)
 
     @app.callback(Output("runs-store-note", "children"), Input("runs-tick", "n_intervals"),
                   prevent_initial_call=True)
@@ -135,6 +118,17 @@ def register(app: dash.Dash) -> None:
         ids = [row["id"] for row in (_row(rows, i) for i in selected or []) if row is not None]
         query = quote(",".join(ids)) if ids else ""
         return dash.get_relative_path(f"/compare?runs={query}")
+
+
+def _paging(page, size) -> tuple[int, int]:
+    """(page, size) as the table sent them, or the first page of PAGE_SIZE when not numbers."""
+    size = size if isinstance(size, int) and not isinstance(size, bool) and 0 < size <= 500 else PAGE_SIZE
+    page = page if isinstance(page, int) and not isinstance(page, bool) and 0 <= page < 1 << 31 else 0
+    return page, size
+
+
+def _count(total: int) -> str:
+    return f"{total:,} run{'s' if total != 1 else ''}"
 
 
 def _store_note(reader) -> str:

@@ -75,6 +75,10 @@ def migrate(conn, before: set[tuple[str, str]]) -> None:
         missing = table not in tables if column is None else (table, column) not in before
         if tables and missing:
             conn.execute(sql)
+    if tables and "scalar_rollups" not in tables:
+        from forksight.monitor.collector.rollups import rebuild_rollups
+
+        rebuild_rollups(conn)
 
 
 def open_failure(path: str, exc: Exception) -> str:

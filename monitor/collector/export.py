@@ -6,7 +6,8 @@ import os
 from forksight.base.limits import RUN_ID_RE
 from forksight.base.tables import TABLES
 
-EXPORT_TABLES = tuple(t for t in TABLES if t not in ("batches", "token_steps"))   # runs, data tables, alerts
+EXPORT_TABLES = tuple(t for t in TABLES if t not in ("batches", "token_steps", "scalar_keys", "scalar_rollups",
+                                                        "histogram_rollups"))   # runs, data tables, alerts
 
 
 def export_tables(cur, run_id: str, out_dir: str) -> dict[str, int]:

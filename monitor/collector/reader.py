@@ -14,6 +14,10 @@ import numpy as np
 from forksight.base.downsample import keep_sql, max_points_of
 from forksight.base.limits import MAX_READ_TOKEN_ROWS, config_problem
 from forksight.base.tables import ALERTS, DATA_TABLES, SAMPLES, TOKENS
+from forksight.monitor.collector.runs_page import RunsPageReads
+from forksight.monitor.collector.rollups import (
+    HISTOGRAM_WIDTHS, SCALAR_WIDTHS, histogram_columns_sql, plan, scalar_points_sql,
+)
 
 if TYPE_CHECKING:                      # pandas loads with the first read, not in every producer
     import pandas as pd
@@ -40,7 +44,7 @@ def histogram_quantile(lo: np.ndarray, hi: np.ndarray, counts: np.ndarray, q: fl
     return float(lo[i] + frac * (hi[i] - lo[i]))
 
 
-class Reader:
+class Reader(RunsPageReads):
     """The one read interface (TensorBoard's DataProvider is the model). Thread-safe."""
 
     def __init__(self, conn, stale_after: float = STALE_AFTER_S, *, private: bool = False):
@@ -104,29 +108,89 @@ class Reader:
         return bool(len(self._query("SELECT 1 FROM runs WHERE run_id = ?", [run_id])))
 
     def scalar_keys(self, run_id: str) -> list[str]:
-        df = self._query("SELECT DISTINCT key FROM scalars WHERE run_id = ? ORDER BY key", [run_id])
+        # the writer's index of them, not a DISTINCT over every scalar row of the run
+        df = self._query("SELECT key FROM scalar_keys WHERE run_id = ? ORDER BY key", [run_id])
         return df["key"].tolist()
 
     def read_scalars(self, run_id: str, keys: Sequence[str] | None = None, downsample: int = 1000,
                      since_step: int | None = None) -> pd.DataFrame:
-        """(key, step, value, wall_time) with ranks merged by weighted mean; ≤ downsample points per key."""
+        """(key, step, value, wall_time) with ranks merged by weighted mean; ≤ downsample points
+        per key, the first and the last step always among them. A long run is read from its
+        rollups (monitor/collector/rollups.py): the first step of every w·k steps, so the rows
+        read grow with `downsample`, not with the run."""
+        if since_step is None:
+            keys = self.scalar_keys(run_id) if keys is None else keys
+            return self._downsampled([run_id], keys, downsample).drop(columns="run_id")
         where, params = self._scalar_filter(run_id, keys, since_step)
-        # choose the kept (key, step) pairs first, then merge ranks for those only: merging
-        # every row of a long run before downsampling cost 2x more on 10k steps
         df = self._query(f"""
-            WITH ks AS (SELECT DISTINCT key, step FROM scalars WHERE {where}),
-            ranked AS (SELECT key, step, row_number() OVER (PARTITION BY key ORDER BY step) AS rn,
-                              count(*) OVER (PARTITION BY key) AS n FROM ks),
-            keep AS (SELECT key, step FROM ranked
-                     WHERE {KEEP})
             SELECT key, step, {MERGED_VALUE_SQL} AS value,
                    max(wall_time) AS wall_time, count(DISTINCT rank) AS ranks
-            FROM scalars SEMI JOIN keep USING (key, step)
-            WHERE {where}
+            FROM scalars WHERE {where}
             GROUP BY key, step
-            ORDER BY key, step""", [*params, max_points_of(downsample), *params])
+            ORDER BY key, step""", params)
         df = self._merge_percentiles(run_id, df)
         return df.drop(columns="ranks").reset_index(drop=True)
+
+    def _downsampled(self, run_ids: Sequence[str], keys: Sequence[str], downsample: int) -> pd.DataFrame:
+        """(run_id, key, step, value, wall_time) of several runs, ≤ downsample points per run and
+        key: short runs by the stride rule over their raw rows (one query), long ones from their
+        rollups (one query per read plan), every series' last step read raw."""
+        import pandas as pd
+
+        keys, points = list(keys) or [""], max_points_of(downsample)
+        spans = self._fetch(f"""SELECT run_id, last_step - coalesce(first_step, 0) + 1 FROM runs
+                                WHERE run_id IN ({', '.join('?' * len(run_ids))})""", list(run_ids)) \
+            if run_ids else []
+        plans: dict[tuple[int, int], list[str]] = {}
+        for rid, span in spans:
+            plans.setdefault(plan(int(span or 0), points, SCALAR_WIDTHS), []).append(rid)
+        marks = ", ".join("?" * len(keys))
+        parts = []
+        for (w, k), rids in plans.items():
+            runs = ", ".join("?" * len(rids))
+            if not w:     # pick the kept (key, step) pairs first, then merge ranks for those only
+                parts.append(self._query(f"""
+                    WITH ks AS (SELECT DISTINCT run_id, key, step FROM scalars
+                                WHERE run_id IN ({runs}) AND key IN ({marks})),
+                    ranked AS (SELECT run_id, key, step,
+                                      row_number() OVER (PARTITION BY run_id, key ORDER BY step) AS rn,
+                                      count(*) OVER (PARTITION BY run_id, key) AS n FROM ks),
+                    keep AS (SELECT run_id, key, step FROM ranked WHERE {KEEP})
+                    SELECT run_id, key, step, {MERGED_VALUE_SQL} AS value, max(wall_time) AS wall_time,
+                           count(DISTINCT rank) AS ranks
+                    FROM scalars SEMI JOIN keep USING (run_id, key, step)
+                    WHERE run_id IN ({runs}) AND key IN ({marks})
+                    GROUP BY run_id, key, step""", [*rids, *keys, points, *rids, *keys]))
+                continue
+            rolled = self._query(scalar_points_sql(len(rids), len(keys)), [*rids, w, *keys, k])
+            parts.append(rolled.drop(columns="last_step"))
+            ends = rolled.groupby(["run_id", "key"]).agg(last=("last_step", "max"), shown=("step", "max"))
+            ends = ends[ends["last"] > ends["shown"]]
+            if len(ends):     # each series' last step, read raw (its bucket shows its first step)
+                pairs = " OR ".join(["(run_id = ? AND key = ? AND step = ?)"] * len(ends))
+                parts.append(self._query(f"""
+                    SELECT run_id, key, step, {MERGED_VALUE_SQL} AS value, max(wall_time) AS wall_time,
+                           count(DISTINCT rank) AS ranks
+                    FROM scalars WHERE step >= ? AND ({pairs}) GROUP BY run_id, key, step""",
+                    [int(ends["last"].min()), *[v for (rid, key), last in ends["last"].items()
+                                                for v in (rid, key, int(last))]]))
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return pd.DataFrame({"run_id": pd.Series(dtype=object), "key": pd.Series(dtype=object),
+                                 "step": pd.Series(dtype="int64"), "value": pd.Series(dtype="float64"),
+                                 "wall_time": pd.Series(dtype="float64")})
+        df = pd.concat(parts, ignore_index=True).sort_values(["run_id", "key", "step"], kind="stable")
+        multi = df.ranks > 1
+        if multi.any():     # percentiles of multi-rank steps: re-merged from histograms, per run
+            merged = [self._merge_percentiles(rid, rows)
+                      for rid, rows in df[multi].groupby("run_id", sort=False)]
+            df = pd.concat([df[~multi], *merged]).sort_values(["run_id", "key", "step"], kind="stable")
+        return df.drop(columns="ranks").reset_index(drop=True)
+
+    def _span(self, run_id: str) -> int:
+        """Steps between the run's first and last scalar (0: none or no such run)."""
+        row = self._fetch("SELECT last_step - coalesce(first_step, 0) + 1 FROM runs WHERE run_id = ?", [run_id])
+        return int(row[0][0] or 0) if row else 0
 
     @staticmethod
     def _scalar_filter(run_id, keys, since_step) -> tuple[str, list]:
@@ -198,7 +262,12 @@ class Reader:
 
     def read_histograms(self, run_id: str, key: str = "entropy", downsample: int = 1000,
                         since_step: int | None = None) -> pd.DataFrame:
-        """(step, bin_lo, bin_hi, count) summed over ranks; ≤ downsample steps."""
+        """(step, bin_lo, bin_hi, count) summed over ranks; ≤ downsample steps. A long run is
+        read from its rollups: one column per w·k steps at its last step, each bin summed."""
+        if since_step is None:
+            w, k = plan(self._span(run_id), max_points_of(downsample), HISTOGRAM_WIDTHS)
+            if w:
+                return self._query(histogram_columns_sql(), [k, run_id, key, w])
         params: list = [run_id, key]
         since = ""
         if since_step is not None:
@@ -290,28 +359,11 @@ class Reader:
         df = self._query(parts, [run_id] * (len(DATA_TABLES) + 1))
         return {t: int(n) for t, n in zip(df.t, df.n)}
 
-    def read_scalars_of_runs(self, keys: Sequence[str], downsample: int = 24) -> pd.DataFrame:
-        """(run_id, key, step, value) for every run in one query, ranks merged by weighted
-        mean, ≤ downsample evenly spaced steps per run and key (the runs page's sparklines)."""
-        keys = list(keys) or [""]
-        marks = ", ".join("?" * len(keys))
-        df = self._query(f"""
-            WITH ks AS (SELECT DISTINCT run_id, key, step FROM scalars WHERE key IN ({marks})),
-            ranked AS (SELECT run_id, key, step,
-                              row_number() OVER (PARTITION BY run_id, key ORDER BY step) AS rn,
-                              count(*) OVER (PARTITION BY run_id, key) AS n FROM ks),
-            keep AS (SELECT run_id, key, step FROM ranked
-                     WHERE {KEEP})
-            SELECT run_id, key, step, {MERGED_VALUE_SQL} AS value, count(DISTINCT rank) AS ranks
-            FROM scalars SEMI JOIN keep USING (run_id, key, step)
-            WHERE key IN ({marks})
-            GROUP BY run_id, key, step
-            ORDER BY run_id, key, step""", [*keys, max_points_of(downsample), *keys])
-        multi = df.ranks > 1
-        if multi.any():     # percentiles of multi-rank steps: re-merged from histograms, per run
-            import pandas as pd
-
-            merged = [self._merge_percentiles(rid, rows)
-                      for rid, rows in df[multi].groupby("run_id", sort=False)]
-            df = pd.concat([df[~multi], *merged]).sort_values(["run_id", "key", "step"])
-        return df.drop(columns="ranks").reset_index(drop=True)
+    def read_scalars_of_runs(self, keys: Sequence[str], downsample: int = 24,
+                             run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+        """(run_id, key, step, value) of every run (or of run_ids), as read_scalars reads each:
+        ≤ downsample points per run and key, ranks merged; a handful of queries, not one per
+        run (the runs page's sparklines)."""
+        if run_ids is None:
+            run_ids = [r[0] for r in self._fetch("SELECT run_id FROM runs")]
+        return self._downsampled(list(run_ids), keys, downsample).drop(columns="wall_time")

@@ -21,6 +21,7 @@ from forksight.monitor.collector.faults import Fault
 from forksight.monitor.collector.ledger import Ledger
 from forksight.monitor.collector.store_health import StoreHealth
 from forksight.monitor.collector.reader import STALE_AFTER_S, Reader
+from forksight.monitor.collector.rollups import roll_up
 from forksight.base.tables import DATA_TABLES
 
 log = logging.getLogger("forksight.store")
@@ -101,6 +102,15 @@ def add_token_steps(cur, run_id: str, steps: pa.Array) -> None:
         cur.execute("INSERT OR IGNORE INTO token_steps SELECT ?::VARCHAR, step FROM _forksight_steps", [run_id])
     finally:
         cur.unregister("_forksight_steps")
+
+
+def add_scalar_keys(cur, run_id: str, keys: pa.Array) -> None:
+    """Record the run's scalar keys (already known ones are skipped)."""
+    cur.register("_forksight_keys", pa.table({"key": pc.unique(keys)}))
+    try:
+        cur.execute("INSERT OR IGNORE INTO scalar_keys SELECT ?::VARCHAR, key FROM _forksight_keys", [run_id])
+    finally:
+        cur.unregister("_forksight_keys")
 
 
 class Store(StoreHealth):
@@ -304,13 +314,19 @@ class Store(StoreHealth):
                     parts = [t for j in mine if (t := getattr(j.records, name)) is not None and t.num_rows]
                     if parts:
                         # one contiguous chunk: DuckDB inserts it ~1.4x faster than many small ones
-                        insert_arrow(cur, name, pa.concat_tables(parts).combine_chunks(), run_id)
+                        data = pa.concat_tables(parts).combine_chunks()
+                        insert_arrow(cur, name, data, run_id)
                         if name == "tokens":     # the step list the tokens page reads
                             add_token_steps(cur, run_id, pa.concat_arrays([pc.unique(t["step"]) for t in parts]))
-                        if name == "scalars":    # the run's last step, kept on its row for the runs list
+                        if name == "scalars":    # the run's step span, kept on its row for the runs list
                             top = max(pc.max(t["step"]).as_py() for t in parts)
-                            cur.execute("UPDATE runs SET last_step = greatest(coalesce(last_step, ?), ?) "
-                                        "WHERE run_id = ?", [top, top, run_id])
+                            low = min(pc.min(t["step"]).as_py() for t in parts)
+                            cur.execute("UPDATE runs SET last_step = greatest(coalesce(last_step, ?), ?), "
+                                        "first_step = least(coalesce(first_step, ?), ?) WHERE run_id = ?",
+                                        [top, top, low, low, run_id])
+                            add_scalar_keys(cur, run_id, pa.concat_arrays([pc.unique(t["key"]) for t in parts]))
+                        if name in ("scalars", "histograms"):    # a first open reads these
+                            roll_up(cur, name, run_id, data)
                 if time.time() - self._beat.get(run_id, 0.0) > 1.0:    # ingest is a heartbeat
                     self._beat[run_id] = time.time()
                     cur.execute("UPDATE runs SET heartbeat = ? WHERE run_id = ?", [time.time(), run_id])
