@@ -117,23 +117,9 @@ def test_runs_page_reads_all_sparklines_in_one_query_with_the_per_run_values(tmp
 
 
 def test_slider_follows_the_newest_step_only_when_the_user_is_on_it():
-    from forksight.dashboard.pages.tokens import follow_index
+    from forksight.dashboard.pages.tokens import follows
 
-    assert follow_index([0, 1, 2], [0, 1, 2, 3], 2) == 3        # on the newest: follow
-    assert follow_index([], [0, 1], None) == 1                   # nothing shown yet: newest
-    assert follow_index([0, 1, 2], [0, 1, 2, 3], 1) == 1         # picked step 1: stays
-    # steps arriving out of order (ranks): the picked step keeps its place by value
-    assert follow_index([0, 4, 8], [0, 2, 4, 8, 9], 1) == 2
-
-
-def test_token_steps_since_a_step_are_the_tail_of_all_token_steps(tmp_path):
-    from forksight.monitor.collector.store import Store
-    from synthetic import seed_run
-
-    with Store(str(tmp_path / "t.duckdb")) as store:
-        run_id = seed_run(store, "t", 7)
-        steps = store.reader.token_steps(run_id)
-        assert steps == list(range(7))
-        for since in (0, 3, 6, 7):
-            assert store.reader.token_steps(run_id, since_step=since) == [s for s in steps
-                                                                           if s >= since]
+    span = {"run": "r", "count": 3, "first": 0, "last": 8}
+    assert follows(span, 8)                  # on the newest: follow
+    assert follows(None, None) and follows({}, 3)   # nothing shown yet: newest
+    assert not follows(span, 4)              # picked an earlier step: stays

@@ -144,20 +144,23 @@ def test_tokens_page_follows_any_run_step_sample_and_metric(dash, data):
     values = {"tok-run.value": run, "tok-want-step.data": data.draw(st.one_of(st.none(), URL_TEXT)),
               "tok-want-sample.data": data.draw(st.one_of(st.none(), URL_TEXT)),
               "tok-metric.value": data.draw(st.sampled_from(list(METRICS)))}
-    loaded = answered(dash.fire(dash.dep(output_has="tok-steps.data...", input_is="tok-run.value"), values),
+    loaded = answered(dash.fire(dash.dep(output_has="tok-span.data...", input_is="tok-run.value"), values),
                       f"load steps {values}")
-    steps = loaded["tok-steps"]["data"] if loaded else None
+    span = loaded["tok-span"]["data"] if loaded else None
     known = dash.steps.get(run, [])
-    # the steps store as the app filled it, an older prefix (new steps arrived since), or empty
-    values["tok-steps.data"] = data.draw(st.sampled_from([steps, known[: len(known) // 2], [], None]))
+    # the span as the app filled it, an older one (new steps arrived since), another run's, or junk
+    older = {"run": run, "count": len(known) // 2, "first": known[0], "last": known[len(known) // 2]} \
+        if known else None
+    values["tok-span.data"] = data.draw(st.sampled_from([span, older, {"run": "other", "last": 3}, {},
+                                                         None, [1, 2]]))
     values["tok-step.value"] = data.draw(maybe_int(-3, 10**6))
-    follow = dash.dep(output_has="tok-steps.data@", input_is="tok-tick.n_intervals")
+    follow = dash.dep(output_has="tok-span.data@", input_is="tok-tick.n_intervals")
     answered(dash.fire(follow, {**values, "tok-tick.n_intervals": data.draw(maybe_int(0))}),
              f"follow {values}")
     values["tok-sample.value"] = data.draw(st.one_of(maybe_int(-2), URL_TEXT))
     values["tok-shown.data"] = data.draw(st.one_of(st.none(), st.tuples(run_ids(dash), maybe_int()).map(list)))
     changed = data.draw(st.sampled_from(["tok-step.value", "tok-sample.value", "tok-metric.value",
-                                         "tok-steps.data"]))
+                                         "tok-span.data"]))
     shown = answered(dash.fire(dash.dep(output_has="tok-sample.options"), values, changed), f"show {values}")
     values["tok-prompt.children"] = shown["tok-prompt"]["children"] if shown and "tok-prompt" in shown \
         else data.draw(st.one_of(st.none(), st.text(max_size=30)))

@@ -32,12 +32,15 @@ def _step_rows(reader: Reader, run_id: str, step: int, cache: LRU | None = None,
     return cache.get_or_compute((run_id, step), read)
 
 
-def run_scale(reader: Reader, run_id: str, metric: str, steps: list[int],
+def run_scale(reader: Reader, run_id: str, metric: str, steps: list[int] | None = None,
               cache: LRU | None = None) -> TokenScale:
     """The run's fixed colour scale for `metric`, read from its first EARLY_STEPS token steps
-    (`steps`: the run's token steps, ascending)."""
-    early = [int(s) for s in steps[:EARLY_STEPS]]
-    parts = [_step_rows(reader, run_id, s, cache, newest=steps[-1])[0] for s in early]
+    (`steps`: those steps, ascending, else read from the token_steps index)."""
+    early = [int(s) for s in (reader.first_token_steps(run_id, EARLY_STEPS) if steps is None
+                              else steps)[:EARLY_STEPS]]
+    # the scale's steps are cached only once EARLY_STEPS exist (a newer step may gain rows)
+    newest = early[-1] + (len(early) < EARLY_STEPS) if early else None
+    parts = [_step_rows(reader, run_id, s, cache, newest=newest)[0] for s in early]
     values = pd.concat([p[metric] for p in parts if metric in p]) if parts else []
     return token_scale(values, metric, vocab_size=vocab_size(reader.run(run_id)), steps=early)
 
@@ -79,7 +82,7 @@ def render_step(reader: Reader, run_id: str, step: int, choice: str | None, metr
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
     if scale is None:
-        scale = run_scale(reader, run_id, metric, reader.token_steps(run_id), cache)
+        scale = run_scale(reader, run_id, metric, None, cache)
     tokens, samples = _step_rows(reader, run_id, int(step), cache, newest)
     options = sample_options(tokens, samples)
     values = [o["value"] for o in options]
@@ -106,17 +109,31 @@ def render_step(reader: Reader, run_id: str, step: int, choice: str | None, metr
 MIN_PROMPT_STEPS = 3    # fewer steps with this prompt: show every sampled rollout instead
 
 
+def history_steps(reader: Reader, run_id: str, max_steps: int = HISTORY_STEPS) -> list[int]:
+    """Up to max_steps token steps spread evenly over the run (the token step nearest each of
+    max_steps evenly spaced steps between its first and last), ascending: two small reads."""
+    n, first, last = reader.token_step_span(run_id)
+    if not n:
+        return []
+    count = min(n, max(1, max_steps))
+    wanted = [first + round(i * (last - first) / max(1, count - 1)) for i in range(count)]
+    return sorted({s for s in reader.nearest_token_steps(run_id, wanted) if s is not None})
+
+
 def prompt_history(reader: Reader, run_id: str, prompt: str | None, metric: str,
                    max_steps: int = HISTORY_STEPS, cache: LRU | None = None,
-                   all_steps: list[int] | None = None) -> tuple[pd.DataFrame, bool]:
-    """Token rows (step, pos, metric) of this prompt's rollouts over up to max_steps of the
-    run's token steps (`all_steps`, else read), and whether they are this prompt's (False: every
-    sampled rollout: the prompt is unknown or recurs at fewer than MIN_PROMPT_STEPS steps)."""
-    all_steps = reader.token_steps(run_id) if all_steps is None else all_steps
-    steps = [all_steps[i] for i in downsample_indices(len(all_steps), max_steps)]
+                   all_steps: list[int] | None = None, newest: int | None = None
+                   ) -> tuple[pd.DataFrame, bool]:
+    """Token rows (step, pos, metric) of this prompt's rollouts over up to max_steps token steps
+    spread over the run (`all_steps`: the run's token steps to pick them from, else
+    history_steps reads them), and whether they are this prompt's (False: every sampled
+    rollout: the prompt is unknown or recurs at fewer than MIN_PROMPT_STEPS steps)."""
+    steps = history_steps(reader, run_id, max_steps) if all_steps is None else \
+        [all_steps[i] for i in downsample_indices(len(all_steps), max_steps)]
+    newest = newest if newest is not None else (steps[-1] if steps else None)
     parts, matched = [], 0
     for step in steps:
-        tokens, samples = _step_rows(reader, run_id, int(step), cache, newest=all_steps[-1])
+        tokens, samples = _step_rows(reader, run_id, int(step), cache, newest=newest)
         if tokens.empty:
             continue
         if prompt and not samples.empty:
@@ -125,7 +142,7 @@ def prompt_history(reader: Reader, run_id: str, prompt: str | None, metric: str,
             matched += int(not tokens.empty)
         parts.append(tokens[["step", "pos", metric]])
     if prompt and matched < MIN_PROMPT_STEPS:
-        return prompt_history(reader, run_id, None, metric, max_steps, cache, all_steps)
+        return prompt_history(reader, run_id, None, metric, max_steps, cache, steps, newest)
     rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
         {"step": [], "pos": [], metric: []})
     return rows, bool(prompt)
@@ -136,25 +153,36 @@ def _runs(reader: Reader) -> list[dict]:
             for r in reader.list_runs().to_dict("records")]
 
 
-def _marks(steps: list[int]) -> dict | None:
-    return {int(i): str(steps[i]) for i in downsample_indices(len(steps), 8)} if steps else None
+MARKS = 8               # labelled steps under the slider
 
 
-def nearest_step(steps: list[int], wanted: int) -> int:
-    """The index of the token step closest to `wanted` (an alert's step may have no token
-    rows: tokens are sampled every few steps), the earlier one on a tie."""
-    return min(range(len(steps)), key=lambda i: (abs(steps[i] - wanted), steps[i]))
+def step_picker(reader: Reader, run_id: str | None, wanted=None) -> dict:
+    """The slider for a run: {'span': the small state the page keeps ({run, count, first,
+    last}), 'min', 'max', 'value' (the token step nearest `wanted`, else the newest), 'marks'}.
+    The slider's values are steps; its ends and marks come from the token_steps index in two
+    small reads, so neither the page nor the browser ever holds the run's step list."""
+    n, first, last = reader.token_step_span(run_id) if run_id else (0, None, None)
+    if not n:
+        return {"span": {"run": run_id, "count": 0}, "min": 0, "max": 0, "value": 0, "marks": None}
+    target = int(wanted) if wanted is not None and str(wanted).isdigit() else last
+    ticks = [first + round(i * (last - first) / (MARKS - 1)) for i in range(MARKS)]
+    value, *marks = reader.nearest_token_steps(run_id, [target, *ticks])
+    return {"span": {"run": run_id, "count": n, "first": first, "last": last}, "min": first,
+            "max": last, "value": value, "marks": {int(m): str(m) for m in marks}}
 
 
-def follow_index(old: list[int], new: list[int], index: int | None) -> int | None:
-    """Where the slider goes when the run's steps grow from `old` to `new`: to the newest step
-    when it was on the newest (or nothing was shown), else stays on the step the user picked."""
-    if not new:
-        return None
-    if not old or index is None or int(index) >= len(old) - 1:
-        return len(new) - 1
-    picked = old[int(index)]
-    return new.index(picked) if picked in new else int(index)
+def follows(span: dict | None, value) -> bool:
+    """Whether the slider should move to the newest step when new steps arrive: it was on the
+    newest (or showed nothing yet); a user who picked an earlier step stays there."""
+    last = span.get("last") if isinstance(span, dict) else None
+    return last is None or not isinstance(value, (int, float)) or value >= last
+
+
+def _span(span) -> tuple[str | None, int | None]:
+    """(run, last step) of the page's small step state, whatever the browser sent."""
+    if not isinstance(span, dict) or not isinstance(span.get("last"), int):
+        return None, None
+    return span.get("run"), span["last"]
 
 
 def layout(run: str | None = None, step: str | None = None, sample: str | None = None,
@@ -173,10 +201,10 @@ def layout(run: str | None = None, step: str | None = None, sample: str | None =
             html.Div([html.Label("run"), dcc.Dropdown(id="tok-run", options=options, value=run,
                                                       clearable=False)], className="control"),
             html.Div([html.Label(id="tok-step-label", children="step"),
-                      # the value is an index into the run's token steps: no number box or
-                      # tooltip showing it; the marks and the label name the step
+                      # the value is a step (shown: the token step nearest it): no number
+                      # box or tooltip; the marks and the label name the step
                       dcc.Slider(id="tok-step", min=0, max=0, step=1, value=0, marks=None,
-                                 allow_direct_input=False)],
+                                 allow_direct_input=False, updatemode="mouseup")],
                      className="control control-wide"),
             html.Div([html.Label("sample"), dcc.Dropdown(id="tok-sample", clearable=False,
                                                          value=sample)], className="control"),
@@ -188,7 +216,7 @@ def layout(run: str | None = None, step: str | None = None, sample: str | None =
         ]),
         # the URL's step and sample: the dropdown drops a value its (still empty) options
         # lack when it mounts, so the wish is kept here until the step's options exist
-        dcc.Store(id="tok-steps"), dcc.Store(id="tok-want-step", data=step),
+        dcc.Store(id="tok-span"), dcc.Store(id="tok-want-step", data=step),
         dcc.Store(id="tok-want-sample", data=sample), dcc.Store(id="tok-shown"),
         html.Div(id="tok-legend"),
         html.Div(className="prompt", children=[html.Strong("prompt "),
@@ -207,81 +235,84 @@ def register(app: dash.Dash) -> None:
     """The page and its callbacks on `app`."""
     dash.register_page(__name__, path="/tokens", name="Tokens", title="forksight · tokens",
                        layout=layout)
-    slider = (Output("tok-steps", "data"), Output("tok-step", "max"),
+    slider = (Output("tok-span", "data"), Output("tok-step", "min"), Output("tok-step", "max"),
               Output("tok-step", "value"), Output("tok-step", "marks"))
+
+    def outputs(picker: dict) -> tuple:
+        return tuple(picker[k] for k in ("span", "min", "max", "value", "marks"))
 
     @app.callback(*slider, Input("tok-run", "value"), State("tok-want-step", "data"))
     def load_steps(run_id, wanted):
-        steps = data.reader().token_steps(run_id) if run_id else []
-        if not steps:
-            return [], 0, 0, None
-        index = len(steps) - 1
-        if wanted is not None and str(wanted).isdigit():
-            index = nearest_step(steps, int(wanted))
-        return steps, len(steps) - 1, index, _marks(steps)
+        return outputs(step_picker(data.reader(), run_id if isinstance(run_id, str) else None, wanted))
 
     @app.callback(*[Output(o.component_id, o.component_property, allow_duplicate=True)
                     for o in slider],
                   Input("tok-tick", "n_intervals"), State("tok-run", "value"),
-                  State("tok-steps", "data"), State("tok-step", "value"),
+                  State("tok-span", "data"), State("tok-step", "value"),
                   prevent_initial_call=True)
-    def follow(_n, run_id, steps, index):
-        if not run_id:
-            return (no_update,) * 4
-        # only steps past the newest known: a full list costs 75 ms a tick on 10M token rows
-        old = steps or []
-        added = data.reader().token_steps(run_id, since_step=old[-1] + 1 if old else None)
-        if not added:
-            return (no_update,) * 4
-        new = old + added
-        moved = follow_index(old, new, index)
-        return new, len(new) - 1, no_update if moved == index else moved, _marks(new)
+    def follow(_n, run_id, span, value):
+        if not isinstance(run_id, str):
+            return (no_update,) * 5
+        # the span only (one small read a tick); the slider moves when the newest step changed
+        shown_run, last = _span(span)
+        now = data.reader().token_step_span(run_id)[2]
+        if now is None or (shown_run == run_id and now == last):
+            return (no_update,) * 5
+        stay = isinstance(value, int) and not follows(span, value) and shown_run == run_id
+        picker = step_picker(data.reader(), run_id, value if stay else None)
+        out = outputs(picker)
+        return out[:3] + (no_update if picker["value"] == value else out[3],) + out[4:]
 
     @app.callback(Output("tok-sample", "options"), Output("tok-sample", "value"),
                   Output("tok-prompt", "children"), Output("tok-main-wrap", "children"),
                   Output("tok-group", "children"), Output("tok-legend", "children"),
                   Output("tok-step-label", "children"), Output("tok-shown", "data"),
                   Input("tok-step", "value"), Input("tok-sample", "value"),
-                  Input("tok-metric", "value"), Input("tok-steps", "data"),
+                  Input("tok-metric", "value"), Input("tok-span", "data"),
                   State("tok-run", "value"), State("tok-shown", "data"),
                   State("tok-want-sample", "data"))
-    def show(index, choice, metric, steps, run_id, shown, wanted):
-        if not steps or run_id is None:
+    def show(value, choice, metric, span, run_id, shown, wanted):
+        shown_run, last = _span(span)
+        if last is None or run_id is None or shown_run != run_id:
             note = "pick a run above" if run_id is None else \
                 "waiting for the first step with token rows (none logged for this run yet)"
             return ([], None, "", html.P(note, className="empty-note"), [], [],
                     "step", None)
-        step = steps[min(int(index or 0), len(steps) - 1)]
-        if set(ctx.triggered_prop_ids) == {"tok-steps.data"} and shown == [run_id, step]:
-            return (no_update,) * 8     # new steps arrived, the shown one is unchanged
         app_state = data.current()
-        scale = _scale(app_state, run_id, metric, steps)
+        wanted_step = int(value) if isinstance(value, (int, float)) and abs(value) < 1 << 62 else last
+        step = app_state.reader.nearest_token_steps(run_id, [wanted_step])[0]
+        if set(ctx.triggered_prop_ids) == {"tok-span.data"} and shown == [run_id, step]:
+            return (no_update,) * 8     # new steps arrived, the shown one is unchanged
+        scale = _scale(app_state, run_id, metric)
         out = render_step(app_state.reader, run_id, step, choice or wanted, metric,
-                          app_state.token_rows, scale, newest=steps[-1])
+                          app_state.token_rows, scale, newest=last)
         return (out["options"], out["choice"], out["prompt"], out["main"], out["group"],
                 legend(scale), f"step {step}", [run_id, step])
 
     @app.callback(Output("tok-history", "figure"), Input("tok-prompt", "children"),
-                  Input("tok-metric", "value"), Input("tok-steps", "data"),
+                  Input("tok-metric", "value"), Input("tok-span", "data"),
                   State("tok-run", "value"))
-    def history(prompt, metric, steps, run_id):
-        if not run_id or not steps:
+    def history(prompt, metric, span, run_id):
+        shown_run, last = _span(span)
+        if not run_id or last is None or shown_run != run_id:
             return position_step_heatmap(None)
         app_state = data.current()
-        rows, mine = prompt_history(app_state.reader, run_id, prompt or None, metric,
-                                    cache=app_state.token_rows, all_steps=steps)
+        rows, mine = prompt_history(app_state.reader, run_id,
+                                    prompt if isinstance(prompt, str) and prompt else None, metric,
+                                    cache=app_state.token_rows, newest=last)
         which = "this prompt's rollouts" if mine else "every sampled rollout"
-        return position_step_heatmap(rows, _scale(app_state, run_id, metric, steps),
+        return position_step_heatmap(rows, _scale(app_state, run_id, metric),
                                      title=f"{METRICS[metric]} by position across training "
                                            f"(same colours as the tokens): {which}")
 
 
-def _scale(app_state: data.AppState, run_id: str, metric: str, steps: list[int]) -> TokenScale:
+def _scale(app_state: data.AppState, run_id: str, metric: str) -> TokenScale:
     # fixed once the run has its first EARLY_STEPS token steps: kept for the app's lifetime
     key = (run_id, metric)
     scale = app_state.token_scales.get(key)
     if scale is None:
-        scale = run_scale(app_state.reader, run_id, metric, steps, app_state.token_rows)
-        if len(steps) >= EARLY_STEPS:
+        early = app_state.reader.first_token_steps(run_id, EARLY_STEPS)
+        scale = run_scale(app_state.reader, run_id, metric, early, app_state.token_rows)
+        if len(early) >= EARLY_STEPS:
             app_state.token_scales.put(key, scale)
     return scale

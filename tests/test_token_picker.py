@@ -1,0 +1,66 @@
+"""The tokens page's step picker reads the token_steps index, never the whole step list: its
+answers equal a Python search over every step, and what it sends the browser stays the same
+small size however many steps the run has."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from forksight.dashboard.pages.tokens import MARKS, history_steps, step_picker
+from forksight.monitor.collector.store import Store
+
+
+def _python_nearest(steps: list[int], wanted: int) -> int:
+    return min(steps, key=lambda s: (abs(s - wanted), s))       # the earlier one on a tie
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    with Store(tmp_path_factory.mktemp("picker") / "p.duckdb") as store:
+        sparse = sorted(set(rng.integers(5, 50_000, 3_000).tolist()))    # every few steps, gaps
+        dense = list(range(20_000))
+
+        def fill(cur):
+            for run, steps in (("sparse", sparse), ("dense", dense), ("one", [7])):
+                cur.execute("INSERT INTO token_steps SELECT ?, unnest(?::BIGINT[])", [run, steps])
+        store.call(fill)
+        store.steps = {"sparse": sparse, "dense": dense, "one": [7]}
+        yield store
+
+
+def test_nearest_token_steps_equal_a_python_search(store):
+    steps = store.steps["sparse"]
+    wanted = [-10, 0, steps[0], steps[-1], 10**9, *np.random.default_rng(1).integers(0, 50_010, 300).tolist()]
+    wanted += [(a + b) // 2 for a, b in zip(steps[:50], steps[1:51])]     # midpoints: ties
+    got = store.reader.nearest_token_steps("sparse", wanted)
+    assert got == [_python_nearest(steps, w) for w in wanted]
+    assert store.reader.nearest_token_steps("none", [1, 2]) == [None, None]
+    assert store.reader.token_step_span("sparse") == (len(steps), steps[0], steps[-1])
+    assert store.reader.first_token_steps("sparse", 3) == steps[:3]
+
+
+def test_the_picker_is_the_same_few_bytes_for_a_long_run(store):
+    sizes = {}
+    for run in ("sparse", "dense", "one"):
+        steps = store.steps[run]
+        picker = step_picker(store.reader, run)
+        assert (picker["min"], picker["max"], picker["value"]) == (steps[0], steps[-1], steps[-1])
+        assert set(picker["marks"]) <= set(steps) and len(picker["marks"]) <= MARKS
+        assert picker["span"] == {"run": run, "count": len(steps), "first": steps[0], "last": steps[-1]}
+        sizes[run] = len(json.dumps(picker))
+        # a wished-for step (an alert's link) lands on the nearest token step
+        assert step_picker(store.reader, run, "12345")["value"] == _python_nearest(steps, 12345)
+    assert max(sizes.values()) < 600           # 3,000 and 20,000 steps: no step list in it
+    assert step_picker(store.reader, "none")["span"] == {"run": "none", "count": 0}
+
+
+def test_history_steps_spread_over_the_run(store):
+    steps = store.steps["sparse"]
+    got = history_steps(store.reader, "sparse", 24)
+    first, last = steps[0], steps[-1]
+    expect = sorted({_python_nearest(steps, first + round(i * (last - first) / 23)) for i in range(24)})
+    assert got == expect and got[0] == first and got[-1] == last
+    assert history_steps(store.reader, "one", 24) == [7]
