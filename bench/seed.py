@@ -121,8 +121,8 @@ def _long_run(con, run_id: str, steps: int, rows_per_step: int, samples_per_step
     return took
 
 
-def _short_runs(con, count: int, steps: int) -> None:
-    """`count` short runs r0..: SHORT_KEYS over `steps` steps; every 7th has a warning alert."""
+def _short_runs(con, count: int, steps: int, start: int = 0) -> None:
+    """`count` short runs r<start>..: SHORT_KEYS over `steps` steps; every 7th has an alert."""
     if count <= 0:
         return
     con.execute(f"""
@@ -131,11 +131,11 @@ def _short_runs(con, count: int, steps: int) -> None:
         SELECT 'r' || j, 'r' || j, 'default', {T0} + j, CASE WHEN j % 5 = 0 THEN 'live'
                ELSE 'finished' END, ['fork', 'random', 'all'][j % 3 + 1], 'tiny-qwen2', NULL,
                {T0} + j, {steps - 1}
-        FROM range({count}) r(j)""")
+        FROM range({start}, {start + count}) r(j)""")
     con.execute(f"""
         INSERT INTO scalars (run_id, step, key, value, wall_time, rank, weight)
         SELECT 'r' || j, s, k, {_u('j * 100003 + s', 7)}, {T0} + j + s, 0, 1.0
-        FROM range({count}) a(j), range({steps}) b(s),
+        FROM range({start}, {start + count}) a(j), range({steps}) b(s),
              (VALUES {', '.join(f"('{k}')" for k in SHORT_KEYS)}) kv(k)
         ORDER BY j, s""")
     con.execute(f"""
@@ -143,7 +143,7 @@ def _short_runs(con, count: int, steps: int) -> None:
         SELECT 'r' || j, {steps - 1}, {T0} + j, 'entropy_collapse',
                CASE WHEN j % 14 = 0 THEN 'critical' ELSE 'warning' END,
                'entropy fell (seeded)', 'raise the entropy bonus', 'entropy/mean'
-        FROM range(0, {count}, 7) r(j)""")
+        FROM range({start + (-start) % 7}, {start + count}, 7) r(j)""")
 
 
 def seed(db_path: str, steps: int = 10_000, runs: int = 1, token_rows_per_step: int = 1024, *,
@@ -192,6 +192,26 @@ def seed(db_path: str, steps: int = 10_000, runs: int = 1, token_rows_per_step: 
     return {"run_id": LONG_RUN, "run_ids": ids, "rows": rows,
             "seconds": {k: round(v, 2) for k, v in took.items()},
             "bytes": Path(db_path).stat().st_size}
+
+
+def add_short_runs(db_path: str, count: int, first_index: int, short_steps: int = 50,
+                   memory_limit: str = "2GB") -> None:
+    """Add `count` short runs (r<first_index>, ...) to a seeded file, with their derived rows."""
+    import duckdb
+
+    from forksight.monitor.collector.rollups import rebuild_rollups
+
+    con = duckdb.connect(db_path, config={"memory_limit": memory_limit})
+    try:
+        _short_runs(con, count, short_steps, first_index)
+        ids = [f"r{j}" for j in range(first_index, first_index + count)]
+        con.execute("INSERT OR IGNORE INTO scalar_keys SELECT DISTINCT run_id, key FROM scalars "
+                    "WHERE run_id IN (SELECT unnest(?::VARCHAR[]))", [ids])
+        con.execute("UPDATE runs SET first_step = 0 WHERE first_step IS NULL")
+        rebuild_rollups(con, ids)
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
 
 
 def _derived(con) -> None:

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from forksight.base.records import Records
-from forksight.monitor.collector.rollups import SCALAR_WIDTHS, plan
+from forksight.monitor.collector.rollups import HISTOGRAM_WIDTHS, SCALAR_WIDTHS, column_width, plan
 from forksight.monitor.collector.store import Store
 
 STEPS, KEYS = 3000, ("a", "b")
@@ -136,3 +136,14 @@ def test_plan_reads_fewer_than_four_rows_per_point():
                 continue
             assert -(-span // (w * k)) <= points - 1        # buckets, the last point besides
             assert span / w < 4 * points or w == SCALAR_WIDTHS[-1]
+
+
+def test_column_width_gives_at_most_the_columns_asked():
+    for span in (10, 600, 601, 9_000, 100_000, 500_000):
+        for columns in (50, 600):
+            w = column_width(span, columns, HISTOGRAM_WIDTHS)
+            if w == 0:
+                assert span <= columns
+                continue
+            assert -(-span // w) <= columns or w == HISTOGRAM_WIDTHS[-1]
+            assert w == HISTOGRAM_WIDTHS[0] or -(-span // (w // 4)) > columns    # the narrowest

@@ -17,7 +17,7 @@ from forksight.base.tables import ALERTS, DATA_TABLES, SAMPLES, TOKENS
 from forksight.monitor.collector.runs_page import RunsPageReads
 from forksight.monitor.collector.step_reads import TokenStepReads
 from forksight.monitor.collector.rollups import (
-    HISTOGRAM_WIDTHS, SCALAR_WIDTHS, histogram_columns_sql, plan, scalar_points_sql,
+    HISTOGRAM_WIDTHS, SCALAR_WIDTHS, column_width, histogram_columns_sql, plan, scalar_points_sql,
 )
 
 if TYPE_CHECKING:                      # pandas loads with the first read, not in every producer
@@ -163,9 +163,11 @@ class Reader(RunsPageReads, TokenStepReads):
                     WHERE run_id IN ({runs}) AND key IN ({marks})
                     GROUP BY run_id, key, step""", [*rids, *keys, points, *rids, *keys]))
                 continue
-            rolled = self._query(scalar_points_sql(len(rids), len(keys)), [*rids, w, *keys, k])
-            parts.append(rolled.drop(columns="last_step"))
-            ends = rolled.groupby(["run_id", "key"]).agg(last=("last_step", "max"), shown=("step", "max"))
+            rolled = self._query(scalar_points_sql(len(rids), len(keys)), [k, w, k, *rids, *keys])
+            kept = rolled[rolled["keep"]]
+            parts.append(kept.drop(columns=["last_step", "keep"]))
+            ends = rolled.groupby(["run_id", "key"])["last_step"].max().to_frame("last") \
+                .join(kept.groupby(["run_id", "key"])["step"].max().rename("shown")).fillna(-1)
             ends = ends[ends["last"] > ends["shown"]]
             if len(ends):     # each series' last step, read raw (its bucket shows its first step)
                 pairs = " OR ".join(["(run_id = ? AND key = ? AND step = ?)"] * len(ends))
@@ -266,9 +268,9 @@ class Reader(RunsPageReads, TokenStepReads):
         """(step, bin_lo, bin_hi, count) summed over ranks; ≤ downsample steps. A long run is
         read from its rollups: one column per w·k steps at its last step, each bin summed."""
         if since_step is None:
-            w, k = plan(self._span(run_id), max_points_of(downsample), HISTOGRAM_WIDTHS)
+            w = column_width(self._span(run_id), max_points_of(downsample), HISTOGRAM_WIDTHS)
             if w:
-                return self._query(histogram_columns_sql(), [k, run_id, key, w])
+                return self._query(histogram_columns_sql(), [run_id, key, w])
         params: list = [run_id, key]
         since = ""
         if since_step is not None:

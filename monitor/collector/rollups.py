@@ -1,10 +1,11 @@
 """Multi-resolution rollups, kept by the writer at ingest (tables: forksight.base.tables
-SCALAR_ROLLUPS, HISTOGRAM_ROLLUPS): per run, key and width w in WIDTHS, bucket b = step // w
-holds the rank-merge sums of its first step (so a downsampled read draws real points, the
-stride rule's) and of all its rows (mean, min, max); a histogram bucket holds each bin's count
-summed over its steps. A read of D points over a run of S steps takes the widest stored w with
-w <= S / D and merges k = ceil(S / D / w) buckets per point: it reads < 4 D rows per key however
-long the run (a run shorter than 4 D steps is read raw, as before)."""
+SCALAR_ROLLUPS, HISTOGRAM_ROLLUPS): per run, key and width w, bucket b = step // w holds the
+rank-merge sums of its first step (so a downsampled read draws real points, as the stride rule
+does) and of all its rows (mean, min, max); a histogram bucket holds each non-zero bin's count
+summed over its steps. A read of D points over a run of S steps takes the widest stored w ≤ S/D
+and every k-th bucket (w·k ≥ S/D): it filters fewer than 4·D rows per key out of the rollups and
+aggregates none, however long the run (a run shorter than 4·D steps is read raw, as before); a
+heatmap of C columns reads the narrowest width giving ≤ C buckets, one column each."""
 from __future__ import annotations
 
 import math
@@ -47,6 +48,7 @@ _HISTOGRAM_ROLLUP_SELECT = """
 SELECT run_id, key, width, step // width AS bucket, bin_lo, bin_hi, min(step) AS first_step,
        max(step) AS last_step, sum(count) AS count
 FROM {src}, (SELECT unnest(?::BIGINT[]) AS width)
+WHERE count > 0
 GROUP BY run_id, key, width, step // width, bin_lo, bin_hi"""
 _HISTOGRAM_MERGE = ("count = count + EXCLUDED.count, first_step = least(first_step, EXCLUDED.first_step), "
                     "last_step = greatest(last_step, EXCLUDED.last_step)")
@@ -72,21 +74,23 @@ def roll_up(cur, table: str, run_id: str, data: pa.Table) -> None:
         cur.unregister("_forksight_roll")
 
 
-def rebuild_rollups(conn) -> None:
-    """Rebuild both rollup tables from every stored row (a file written before they existed,
-    or one seeded in bulk)."""
-    conn.execute("DELETE FROM scalar_rollups")
-    conn.execute(f"INSERT INTO scalar_rollups BY NAME {_SCALAR_ROLLUP_SELECT.format(src='scalars')}",
-                 [list(SCALAR_WIDTHS)])
-    conn.execute("DELETE FROM histogram_rollups")
-    conn.execute(f"INSERT INTO histogram_rollups BY NAME {_HISTOGRAM_ROLLUP_SELECT.format(src='histograms')}",
-                 [list(HISTOGRAM_WIDTHS)])
+def rebuild_rollups(conn, run_ids: list[str] | None = None) -> None:
+    """Rebuild the rollup tables from the stored rows, of every run or of run_ids (a file
+    written before they existed, or rows seeded in bulk)."""
+    only = "" if run_ids is None else " WHERE run_id IN (SELECT unnest(?::VARCHAR[]))"
+    runs = [] if run_ids is None else [list(run_ids)]
+    for table, rollup, select, widths in (
+            ("scalars", "scalar_rollups", _SCALAR_ROLLUP_SELECT, SCALAR_WIDTHS),
+            ("histograms", "histogram_rollups", _HISTOGRAM_ROLLUP_SELECT, HISTOGRAM_WIDTHS)):
+        conn.execute(f"DELETE FROM {rollup}{only}", runs)
+        src = f"(SELECT * FROM {table}{only})"
+        conn.execute(f"INSERT INTO {rollup} BY NAME {select.format(src=src)}", [*runs, list(widths)])
 
 
 def plan(span: int, points: int, widths: tuple[int, ...]) -> tuple[int, int]:
     """(w, k) for reading at most `points` points (the last step's one included) over `span`
-    steps: buckets of w·k steps, w a stored width, so fewer than 4·points stored rows per key
-    are read; w = 0: read the raw rows (fewer than 4·points steps per key)."""
+    steps: the first step of every k-th bucket of width w (a stored width), so fewer than
+    4·points stored rows per key are read; w = 0: read the raw rows (fewer than 4·points steps)."""
     need = math.ceil(max(1, span) / max(1, points - 1))        # steps per point, at least
     stored = [w for w in widths if w <= need]
     if not stored:
@@ -95,29 +99,33 @@ def plan(span: int, points: int, widths: tuple[int, ...]) -> tuple[int, int]:
     return w, math.ceil(need / w)
 
 
+def column_width(span: int, columns: int, widths: tuple[int, ...]) -> int:
+    """The narrowest stored width giving at most `columns` heatmap columns over `span` steps
+    (between columns/4 and columns of them); 0: read raw (the span fits in `columns`)."""
+    need = math.ceil(max(1, span) / max(1, columns))
+    if need <= 1:
+        return 0
+    return next((w for w in widths if w >= need), widths[-1])
+
+
 def scalar_points_sql(runs: int, keys: int) -> str:
-    """Per run and key, one point per k buckets of width w: the first step's rank-merged value
-    (params: *run_ids, w, *keys, k); `ranks` > 1 when that step had several rows (ranks)."""
+    """Per run and key, the first step of every k-th bucket of width w with its rank-merged
+    value, and the run's last bucket (keep false unless also a k-th: it tells the series' last
+    step) (params: w, k, *run_ids, *keys); `ranks` > 1 when that step had several rows."""
     return f"""
-        WITH b AS (
-            SELECT run_id, key, min(first_step) AS step, max(last_step) AS last_step,
-                   arg_min(first_vw, first_step) AS vw, arg_min(first_w, first_step) AS w,
-                   arg_min(first_v, first_step) AS v, arg_min(first_n, first_step) AS n,
-                   arg_min(first_wall, first_step) AS wall_time
-            FROM scalar_rollups
-            WHERE run_id IN ({', '.join('?' * runs)}) AND width = ? AND key IN ({', '.join('?' * keys)})
-            GROUP BY run_id, key, bucket // ?)
-        SELECT run_id, key, step, CASE WHEN w > 0 THEN vw / w ELSE v / n END AS value, wall_time,
-               n AS ranks, last_step FROM b"""
+        SELECT s.run_id, s.key, s.first_step AS step,
+               CASE WHEN s.first_w > 0 THEN s.first_vw / s.first_w ELSE s.first_v / s.first_n END AS value,
+               s.first_wall AS wall_time, s.first_n AS ranks, s.last_step,
+               s.bucket % ? = 0 AS keep
+        FROM scalar_rollups s JOIN runs r USING (run_id)
+        WHERE s.width = ? AND (s.bucket % ? = 0 OR s.bucket = r.last_step // s.width)
+          AND s.run_id IN ({', '.join('?' * runs)}) AND s.key IN ({', '.join('?' * keys)})"""
 
 
 def histogram_columns_sql() -> str:
-    """One heatmap column per k buckets of width w, at its last step, each bin's count summed
-    (params: k, run_id, key, w)."""
+    """One heatmap column per bucket of width w at its last step, each bin's count summed over
+    the bucket's steps and ranks (params: run_id, key, w)."""
     return """
-        WITH g AS (
-            SELECT bucket // ? AS g, bin_lo, bin_hi, sum(count) AS count, max(last_step) AS ls
-            FROM histogram_rollups WHERE run_id = ? AND key = ? AND width = ?
-            GROUP BY 1, 2, 3)
-        SELECT max(ls) OVER (PARTITION BY g) AS step, bin_lo, bin_hi, count
-        FROM g ORDER BY step, bin_lo"""
+        SELECT max(last_step) OVER (PARTITION BY bucket) AS step, bin_lo, bin_hi, count
+        FROM histogram_rollups WHERE run_id = ? AND key = ? AND width = ?
+        ORDER BY step, bin_lo"""
