@@ -3,14 +3,20 @@ Each page registers its callbacks on the app it is given and the reader and cach
 that app's server (dashboard/data.py): two apps in one process never share callbacks or data."""
 from __future__ import annotations
 
+import copy
 import importlib
+import logging
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import dash
+import flask
 from dash import Dash, dcc, html
 
 from forksight.base.interfaces import Reader
 from forksight.dashboard import data
+
+log = logging.getLogger("forksight.dashboard")
 
 PAGES = ("forksight.dashboard.pages.runs", "forksight.dashboard.pages.run",
          "forksight.dashboard.pages.tokens", "forksight.dashboard.pages.compare",
@@ -30,7 +36,13 @@ def create_dash(reader: Reader, *, url_base: str = "/") -> Dash:
     data.install(app.server, reader)     # on this app's server: never shared with another app
     for name in PAGES:
         importlib.import_module(name).register(app)
-    app.layout = html.Div(className="shell", children=[
+    app.layout = shell
+    return app
+
+
+def shell() -> html.Div:
+    """The page frame, holding the opened page already (see opened_page)."""
+    return html.Div(className="shell", children=[
         dcc.Location(id="nav-location", refresh="callback-nav"),
         html.Header(className="topbar", children=[
             html.Span("forksight", className="brand"),
@@ -38,6 +50,55 @@ def create_dash(reader: Reader, *, url_base: str = "/") -> Dash:
                       for label, path in NAV]),
             html.Span("token-level RLVR diagnostics", className="tagline"),
         ]),
-        html.Main(dash.page_container, className="content"),
+        html.Main(opened_page(), className="content"),
     ])
-    return app
+
+
+def opened_page():
+    """Dash's page container with the page the browser opened already in it. Dash pages leave
+    the container empty and fill it by a callback once its Location reports the URL: one more
+    round trip, before any of the page's own, on every first open. The layout request comes
+    from the opened page, whose URL is its Referer; the Location is given that URL, so it
+    reports no change and Dash's router stays quiet until the user navigates. Without a usable
+    Referer (or if the page fails here) the container is left to the router, as Dash does."""
+    container = copy.deepcopy(dash.page_container)
+    url = _opened_url()
+    page = _page_at(urlsplit(url).path) if url else None
+    if page is None:
+        return container
+    location = next(c for c in container.children if isinstance(c, dcc.Location))
+    store = next(c for c in container.children if isinstance(c, dcc.Store))
+    content = next(c for c in container.children if isinstance(c, html.Div))
+    parts = urlsplit(url)
+    query = {k: v[0] if len(v) == 1 else v
+             for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    try:
+        layout = page["layout"]
+        content.children = layout(**query) if callable(layout) else layout
+    except Exception:  # noqa: BLE001 - the router shows this page (and its error) instead
+        log.exception("forksight: the page %s could not be built with the layout; left to the router", url)
+        return copy.deepcopy(dash.page_container)
+    location.pathname, location.search, location.hash = parts.path, \
+        f"?{parts.query}" if parts.query else "", ""
+    location.href = url
+    store.data = {"title": page["title"]}
+    return container
+
+
+def _opened_url() -> str | None:
+    """The URL of the page asking for the layout (its Referer, same origin only), else None."""
+    if not flask.has_request_context() or not flask.request.path.endswith("/_dash-layout"):
+        return None
+    referrer = flask.request.referrer
+    if not referrer:
+        return None
+    parts = urlsplit(referrer)
+    if parts.netloc != flask.request.host or parts.fragment:
+        return None
+    return referrer
+
+
+def _page_at(path: str) -> dict | None:
+    """The registered page at this URL path (Dash's registry), or None (the router's 404)."""
+    wanted = "/" + dash.strip_relative_path(path) if path else "/"
+    return next((p for p in dash.page_registry.values() if p.get("path") == wanted), None)

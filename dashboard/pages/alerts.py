@@ -10,6 +10,7 @@ from dash import Input, Output, State, ctx, dcc, html
 from forksight.base.interfaces import Reader
 from forksight.dashboard import data
 from forksight.dashboard.alerts_view import alert_rows, read_verdicts, verdict_chip
+from forksight.dashboard.run_options import run_options, searchable
 
 PAGE_SIZE = 50
 REFRESH_MS = 5000
@@ -23,35 +24,37 @@ def _split(value: str | None) -> list[str]:
 def layout(run: str | None = None, severity: str | None = None, detector: str | None = None,
            **_query) -> html.Div:
     reader = data.reader()
-    runs = reader.list_runs()
-    options = [{"label": f"{r['name']} · {r.get('strategy') or '–'}", "value": r["run_id"]}
-               for r in runs.to_dict("records")]
-    known = {o["value"] for o in options}
     wanted = _split(run)
+    options = run_options(reader, wanted)
+    known = {o["value"] for o in options}
     unknown = [r for r in wanted if r not in known]
+    runs_shown = [r for r in wanted if r in known]
+    severities = [s for s in _split(severity) if s in SEVERITIES] or list(SEVERITIES)
+    # the first page of rows goes in the layout itself: they show with the page, no callback first
+    table, count, label, _ = page_of(runs_shown, severities, _split(detector), 0)
     return html.Div([
         html.H2("Alerts"),
         html.P(f"no run named {', '.join(unknown)!s}: showing the runs that exist",
                className="notice", id="alerts-unknown") if unknown else None,
         html.Div(className="controls", children=[
             html.Div([html.Label("run"), dcc.Dropdown(
-                id="alerts-run", options=options, value=[r for r in wanted if r in known],
+                id="alerts-run", options=options, value=runs_shown,
                 multi=True, placeholder="every run")], className="control control-wide"),
             html.Div([html.Label("severity"), dcc.Checklist(
                 id="alerts-severity", inline=True, options=[
                     {"label": f" {s}", "value": s} for s in SEVERITIES],
-                value=[s for s in _split(severity) if s in SEVERITIES] or list(SEVERITIES))],
+                value=severities)],
                 className="control"),
             html.Div([html.Label("detector"), dcc.Dropdown(
                 id="alerts-detector", options=reader.alert_detectors(), multi=True,
                 value=_split(detector), placeholder="every detector")],
                 className="control control-wide"),
         ]),
-        html.Div(id="alerts-count", className="alerts-count"),
-        html.Div(id="alerts-table"),
+        html.Div(count, id="alerts-count", className="alerts-count"),
+        html.Div(table, id="alerts-table"),
         html.Div(className="pager", children=[
             html.Button("← newer", id="alerts-prev", className="btn", n_clicks=0),
-            html.Span(id="alerts-page-label", className="pager-label"),
+            html.Span(label, id="alerts-page-label", className="pager-label"),
             html.Button("older →", id="alerts-next", className="btn", n_clicks=0)]),
         dcc.Store(id="alerts-offset", data=0),
         dcc.Interval(id="alerts-tick", interval=REFRESH_MS),
@@ -101,13 +104,14 @@ def register(app: dash.Dash) -> None:
     """The page and its callback on `app`."""
     dash.register_page(__name__, path="/alerts", name="Alerts", title="forksight · alerts",
                        layout=layout)
+    searchable(app, "alerts-run")
 
     @app.callback(Output("alerts-table", "children"), Output("alerts-count", "children"),
                   Output("alerts-page-label", "children"), Output("alerts-offset", "data"),
                   Input("alerts-run", "value"), Input("alerts-severity", "value"),
                   Input("alerts-detector", "value"), Input("alerts-prev", "n_clicks"),
                   Input("alerts-next", "n_clicks"), Input("alerts-tick", "n_intervals"),
-                  State("alerts-offset", "data"))
+                  State("alerts-offset", "data"), prevent_initial_call=True)   # the layout holds page one
     def show(run_ids, severities, detectors, _prev, _next, _tick, offset):
         offset = max(0, int(offset or 0))
         trigger = ctx.triggered_id
@@ -117,12 +121,18 @@ def register(app: dash.Dash) -> None:
             offset = max(0, offset - PAGE_SIZE)
         elif trigger != "alerts-tick":
             offset = 0                      # new filters: back to the newest
-        if not severities:                  # nothing ticked shows nothing, not everything
-            return alerts_table([], {}), "0 alerts (no severity ticked)", "", 0
-        out = render(data.reader(), list(run_ids or []), list(severities), list(detectors or []),
-                     offset, dash.get_relative_path("/"))
-        if offset and offset >= out["total"]:
-            offset = max(0, out["total"] - 1) // PAGE_SIZE * PAGE_SIZE
-            out = render(data.reader(), list(run_ids or []), list(severities),
-                         list(detectors or []), offset, dash.get_relative_path("/"))
-        return out["table"], out["count"], out["label"], offset
+        return page_of(run_ids, severities, detectors, offset)
+
+
+def page_of(run_ids, severities, detectors, offset: int) -> tuple:
+    """(table, count line, pager label, offset) for these filters from `offset` (the layout's
+    first page and the callback's); past the last page: the last page."""
+    if not severities:                  # nothing ticked shows nothing, not everything
+        return alerts_table([], {}), "0 alerts (no severity ticked)", "", 0
+    out = render(data.reader(), list(run_ids or []), list(severities), list(detectors or []),
+                 offset, dash.get_relative_path("/"))
+    if offset and offset >= out["total"]:
+        offset = max(0, out["total"] - 1) // PAGE_SIZE * PAGE_SIZE
+        out = render(data.reader(), list(run_ids or []), list(severities),
+                     list(detectors or []), offset, dash.get_relative_path("/"))
+    return out["table"], out["count"], out["label"], offset

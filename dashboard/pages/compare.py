@@ -10,26 +10,28 @@ from forksight.dashboard import data
 from forksight.dashboard.alerts_view import read_verdicts, verdict_chip
 from forksight.dashboard.compare_figures import COMPARE_PANELS, GAP, compare_figure
 from forksight.dashboard.figures import pass_keys
+from forksight.dashboard.run_options import run_options, searchable
 
 REFRESH_MS = 5000
 MAX_RUNS = 12
 MAX_PANELS = 8
+START_SMOOTHING = 0.6     # as the page opens
 
 
 def compare_runs(reader, run_ids: list[str], smoothing: float = 0.0, max_points: int = 1000,
                  panels=COMPARE_PANELS, log_y: bool = False, x_axis: str = "step",
                  verdicts: dict | None = None) -> dict:
     """The overlay figure for these runs (unknown ids are skipped), with their verdicts."""
-    runs = reader.list_runs().set_index("run_id")
-    ids = [rid for rid in run_ids[:MAX_RUNS] if rid in runs.index]
+    runs = {rid: reader.run(rid) for rid in dict.fromkeys(run_ids[:MAX_RUNS])}
+    ids = [rid for rid, run in runs.items() if run is not None]
     if verdicts is None:
         verdicts = read_verdicts(reader, ids) if ids else {}
     picked = []
     for rid in ids:
         keys = reader.scalar_keys(rid)
         wanted = [k for k in panels if k != GAP] + (pass_keys(keys) if GAP in panels else [])
-        picked.append({"run_id": rid, "label": runs.at[rid, "name"],
-                       "strategy": runs.at[rid, "strategy"], "verdict": verdicts.get(rid),
+        picked.append({"run_id": rid, "label": runs[rid]["name"],
+                       "strategy": runs[rid]["strategy"], "verdict": verdicts.get(rid),
                        "alerts": reader.read_alerts(rid),
                        "scalars": reader.read_scalars(rid, keys=wanted, downsample=max_points)})
     return compare_figure(picked, panels=list(panels) or COMPARE_PANELS, smoothing=smoothing,
@@ -43,15 +45,32 @@ def metric_options(reader, run_ids: list[str]) -> list[dict]:
         [{"label": k, "value": k} for k in keys]
 
 
+def overlay(reader, run_ids, smoothing, panels, log_y, x_axis) -> tuple[dict, list]:
+    """The page's figure and its health chips for raw control values (the layout's first draw
+    and the draw callback's): unknown runs and panels are left out."""
+    ids = [r for r in (run_ids or []) if isinstance(r, str)]
+    panels = [p for p in (panels or []) if isinstance(p, str)][:MAX_PANELS] or list(COMPARE_PANELS)
+    x_axis = x_axis if x_axis in ("step", "wall") else "step"
+    runs = {rid: reader.run(rid) for rid in dict.fromkeys(ids)}
+    ids = [rid for rid, run in runs.items() if run is not None][:MAX_RUNS]
+    verdicts = read_verdicts(reader, ids) if ids else {}
+    fig = compare_runs(reader, ids, float(smoothing or 0), panels=panels,
+                       log_y=bool(log_y), x_axis=x_axis, verdicts=verdicts)
+    names = {rid: runs[rid]["name"] for rid in ids}
+    chips = [html.Span([html.Strong(names.get(rid, rid)), " ", verdict_chip(verdicts[rid])],
+                       className="verdict-item") for rid in ids if rid in verdicts]
+    return fig, chips
+
+
 def layout(runs: str | None = None, **_query) -> html.Div:
     reader = data.reader()
-    table = reader.list_runs()
-    options = [{"label": f"{r['name']} · {r.get('strategy') or '–'}", "value": r["run_id"]}
-               for r in table.to_dict("records")]
     asked = [r for r in (runs or "").split(",") if r]
+    options = run_options(reader, asked)
     known = {o["value"] for o in options}
     unknown = [r for r in asked if r not in known]
     chosen = [r for r in asked if r in known] or [o["value"] for o in options[:3]]
+    # the first draw goes in the layout itself: the overlay shows with the page, no callback first
+    figure, chips = overlay(reader, chosen, START_SMOOTHING, list(COMPARE_PANELS), [], "step")
     return html.Div([
         html.H2("Compare runs"),
         html.P(f"no run named {', '.join(map(repr, unknown))}: left out", className="notice",
@@ -66,7 +85,8 @@ def layout(runs: str | None = None, **_query) -> html.Div:
         ]),
         html.Div(className="controls", children=[
             html.Div([html.Label("smoothing (EMA)"),
-                      dcc.Slider(id="cmp-smoothing", min=0, max=0.99, step=0.01, value=0.6,
+                      dcc.Slider(id="cmp-smoothing", min=0, max=0.99, step=0.01,
+                                 value=START_SMOOTHING,
                                  marks={0: "0", 0.6: "0.6", 0.99: ".99"})],
                      className="control control-wide"),
             html.Div([html.Label("x axis"), dcc.RadioItems(
@@ -77,8 +97,8 @@ def layout(runs: str | None = None, **_query) -> html.Div:
                 id="cmp-logy", options=[{"label": " log y", "value": "log"}], value=[],
                 inline=True)], className="control"),
         ]),
-        html.Div(id="cmp-verdicts", className="verdicts"),
-        dcc.Graph(id="cmp-figure", config={"displaylogo": False}),
+        html.Div(chips, id="cmp-verdicts", className="verdicts"),
+        dcc.Graph(id="cmp-figure", config={"displaylogo": False}, figure=figure),
         dcc.Interval(id="cmp-tick", interval=REFRESH_MS),
     ])
 
@@ -87,27 +107,17 @@ def register(app: dash.Dash) -> None:
     """The page and its callbacks on `app`."""
     dash.register_page(__name__, path="/compare", name="Compare", title="forksight · compare",
                        layout=layout)
+    searchable(app, "cmp-runs")
 
     @app.callback(Output("cmp-figure", "figure"), Output("cmp-verdicts", "children"),
                   Input("cmp-runs", "value"), Input("cmp-smoothing", "value"),
                   Input("cmp-tick", "n_intervals"), Input("cmp-panels", "value"),
-                  Input("cmp-logy", "value"), Input("cmp-xaxis", "value"))
+                  Input("cmp-logy", "value"), Input("cmp-xaxis", "value"),
+                  prevent_initial_call=True)       # the layout holds the first draw
     def draw(run_ids, smoothing, _n, panels, log_y, x_axis):
-        reader = data.reader()
-        ids = [r for r in (run_ids or []) if isinstance(r, str)]
-        panels = [p for p in (panels or []) if isinstance(p, str)][:MAX_PANELS] \
-            or list(COMPARE_PANELS)
-        x_axis = x_axis if x_axis in ("step", "wall") else "step"
-        runs = reader.list_runs()
-        ids = [r for r in ids if r in set(runs["run_id"])][:MAX_RUNS]
-        verdicts = read_verdicts(reader, ids) if ids else {}
-        fig = compare_runs(reader, ids, float(smoothing or 0), panels=panels,
-                           log_y=bool(log_y), x_axis=x_axis, verdicts=verdicts)
-        names = dict(zip(runs["run_id"], runs["name"]))
-        chips = [html.Span([html.Strong(names.get(rid, rid)), " ", verdict_chip(verdicts[rid])],
-                           className="verdict-item") for rid in ids if rid in verdicts]
-        return fig, chips
+        return overlay(data.reader(), run_ids, smoothing, panels, log_y, x_axis)
 
-    @app.callback(Output("cmp-panels", "options"), Input("cmp-runs", "value"))
+    @app.callback(Output("cmp-panels", "options"), Input("cmp-runs", "value"),
+                  prevent_initial_call=True)       # the layout holds the first options
     def metrics(run_ids):
         return metric_options(data.reader(), [r for r in (run_ids or []) if isinstance(r, str)])

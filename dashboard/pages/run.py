@@ -10,24 +10,20 @@ from forksight.base.interfaces import Reader
 from forksight.dashboard import data
 from forksight.dashboard.alerts_view import verdict_chip
 from forksight.dashboard.figures import empty_figure, with_focus
+from forksight.dashboard.run_options import run_options, searchable
 from forksight.dashboard.run_view import Controls, draw_run, status_line, tick_run
 
 TICK_MS = 1000
 GRAPHS = ("entropy", "heatmap", "passk", "signals", "custom")
 _CONFIG = {"displaylogo": False, "responsive": True}
+START = Controls()      # the controls as a page opens (the layout's first draw uses them)
 
 
-def _run_options(reader: Reader) -> list[dict]:
-    runs = reader.list_runs()
-    return [{"label": f"{r['name']} · {r.get('strategy') or '–'} · {r['status']}",
-             "value": r["run_id"]} for r in runs.to_dict("records")]
-
-
-def missing_note(run: str | None, options: list[dict]) -> str | None:
+def missing_note(reader: Reader, run: str | None, options: list[dict]) -> str | None:
     """What the page says instead of charts: no runs at all, or no run by the asked id."""
     if not options:
         return "no runs yet: start `forksight train` (or `make demo`) and they appear here"
-    if run is not None and run not in {o["value"] for o in options}:
+    if run is not None and not reader.has_run(run):
         return f"no run named {run!r} in this database: pick one above or see the Runs page"
     return None
 
@@ -38,82 +34,96 @@ def _step(step) -> int | None:
 
 def layout(run: str | None = None, step: str | None = None, **_query) -> html.Div:
     reader = data.reader()
-    options = _run_options(reader)
-    missing = missing_note(run, options)
+    options = run_options(reader, [run] if run else [], status=True)
+    missing = missing_note(reader, run, options)
     if run is None and options:
         run = options[0]["value"]          # newest run
+    focus = _step(step)
+    # the first draw goes in the layout itself: the charts show with the page, no callback first
+    first = None if missing or not run else drawn(run, START, focus)
+    figure = (lambda g: first["figures"][g]) if first else (lambda g: empty_figure("", height=40))
     return html.Div([
         html.Div(className="run-head", children=[
             dcc.Dropdown(id="run-select", options=options, value=None if missing else run,
                          clearable=False, placeholder="pick a run", className="run-select"),
-            html.Span(id="run-health"),
-            html.Span(id="run-status", className="run-status"),
+            html.Span(first["health"] if first else None, id="run-health"),
+            html.Span(first["status"] if first else None, id="run-status", className="run-status"),
             html.Button("Pause", id="run-pause", className="btn", n_clicks=0),
         ]),
         html.P(missing, id="run-missing", className="notice") if missing else None,
-        dcc.Store(id="run-focus", data=_step(step)),
-        html.Div(id="run-banner", className="banner"),
-        html.Div(id="run-charts", style={"display": "none"} if missing else None, children=[
+        dcc.Store(id="run-focus", data=focus),
+        html.Div(first["banner"] if first else None, id="run-banner", className="banner"),
+        html.Div(id="run-charts", style={"display": "none"} if not first else None, children=[
             html.Div(className="controls", children=[
                 html.Div([html.Label("smoothing (EMA)"),
-                          dcc.Slider(id="run-smoothing", min=0, max=0.99, step=0.01, value=0.6,
+                          dcc.Slider(id="run-smoothing", min=0, max=0.99, step=0.01, value=START.smoothing,
                                      marks={0: "0", 0.6: "0.6", 0.9: "0.9", 0.99: ".99"},
                                      tooltip={"placement": "bottom"})],
                          className="control control-wide"),
                 html.Div([html.Label("x axis"),
-                          dcc.RadioItems(id="run-xaxis", inline=True, value="step",
+                          dcc.RadioItems(id="run-xaxis", inline=True, value=START.x_axis,
                                          options=[{"label": " step", "value": "step"},
                                                   {"label": " wall time", "value": "wall"}])],
                          className="control"),
                 html.Div([html.Label("y scale"),
                           dcc.Checklist(id="run-logy", options=[{"label": " log y", "value": "log"}],
-                                        value=[], inline=True)], className="control"),
+                                        value=["log"] if START.log_y else [], inline=True)],
+                         className="control"),
                 html.Div([html.Label("points per series"),
-                          dcc.Dropdown(id="run-points", clearable=False, value=1000,
+                          dcc.Dropdown(id="run-points", clearable=False, value=START.max_points,
                                        options=[{"label": str(n), "value": n}
                                                 for n in (500, 1000, 5000, 20000)]
                                        + [{"label": "all", "value": "all"}])],
                          className="control"),
             ]),
-            dcc.Graph(id="run-entropy", config=_CONFIG),
-            dcc.Graph(id="run-heatmap", config=_CONFIG),
-            dcc.Graph(id="run-passk", config=_CONFIG),
-            dcc.Graph(id="run-signals", config=_CONFIG),
+            *[dcc.Graph(id=f"run-{g}", config=_CONFIG, figure=figure(g)) for g in GRAPHS[:4]],
             html.Div(className="controls", children=[
                 html.Label("other scalars by name"),
-                dcc.Dropdown(id="run-custom-keys", multi=True, options=[], value=[],
+                dcc.Dropdown(id="run-custom-keys", multi=True, value=[],
+                             options=first["other_keys"] if first else [],
                              placeholder="e.g. lr, tokens/count, groups/zero_var_frac",
                              className="custom-keys")]),
-            dcc.Graph(id="run-custom", config=_CONFIG),
+            dcc.Graph(id="run-custom", config=_CONFIG, figure=figure("custom")),
         ]),
-        dcc.Store(id="run-state"),
+        dcc.Store(id="run-state", data=first["state"] if first else None),
         dcc.Interval(id="run-tick", interval=TICK_MS),
     ])
+
+
+def drawn(run_id: str, controls: Controls, focus: int | None) -> dict:
+    """Everything the page shows for a run drawn in full with these controls (the layout's first
+    draw and the draw callback's): figures, live state, banner, status line, chip, other keys."""
+    app_state = data.current()
+    out = draw_run(app_state.reader, run_id, controls, app_state.run_frames,
+                   dash.get_relative_path("/"))
+    return {"figures": {g: with_focus(out["figures"][g], focus, controls.x_axis) for g in GRAPHS},
+            "state": out["state"], "banner": out["banner"],
+            "status": status_line(out["run"], out["state"]), "other_keys": out["other_keys"],
+            "health": verdict_chip(out["verdict"], id="run-verdict")}
 
 
 def register(app: dash.Dash) -> None:
     """The page and its callbacks on `app`."""
     dash.register_page(__name__, path="/run", name="Run", title="forksight · run", layout=layout)
+    searchable(app, "run-select", status=True)
     graphs = [Output(f"run-{g}", "figure") for g in GRAPHS]
     controls = [Input("run-smoothing", "value"), Input("run-xaxis", "value"),
                 Input("run-logy", "value"), Input("run-points", "value"),
                 Input("run-custom-keys", "value")]
 
+    # the layout holds the first draw: this runs when a control or the run changes
     @app.callback(*graphs, Output("run-state", "data"), Output("run-banner", "children"),
                   Output("run-status", "children"), Output("run-custom-keys", "options"),
                   Output("run-health", "children"), Output("run-charts", "style"),
-                  Input("run-select", "value"), *controls, State("run-focus", "data"))
+                  Input("run-select", "value"), *controls, State("run-focus", "data"),
+                  prevent_initial_call=True)
     def draw(run_id, smoothing, x_axis, log_y, points, custom, focus):
         if not run_id:             # nothing picked: the notice above says why, no empty axes
             empty = empty_figure("", height=40)
             return (*[empty] * len(GRAPHS), None, [], "", [], None, {"display": "none"})
-        app_state = data.current()
-        out = draw_run(app_state.reader, run_id,
-                       Controls.from_inputs(smoothing, x_axis, log_y, points, custom),
-                       app_state.run_frames, dash.get_relative_path("/"))
-        return (*[with_focus(out["figures"][g], focus, x_axis) for g in GRAPHS], out["state"],
-                out["banner"], status_line(out["run"], out["state"]), out["other_keys"],
-                verdict_chip(out["verdict"], id="run-verdict"), None)
+        out = drawn(run_id, Controls.from_inputs(smoothing, x_axis, log_y, points, custom), focus)
+        return (*[out["figures"][g] for g in GRAPHS], out["state"], out["banner"], out["status"],
+                out["other_keys"], out["health"], None)
 
     @app.callback(*[Output(f"run-{g}", "figure", allow_duplicate=True) for g in GRAPHS],
                   Output("run-state", "data", allow_duplicate=True),
@@ -149,7 +159,7 @@ def register(app: dash.Dash) -> None:
                 status_line(reader.run(state["run_id"]), out["state"]), chip)
 
     @app.callback(Output("run-tick", "disabled"), Output("run-pause", "children"),
-                  Input("run-pause", "n_clicks"))
+                  Input("run-pause", "n_clicks"), prevent_initial_call=True)
     def pause(clicks):
         paused = bool(clicks) and clicks % 2 == 1
         return paused, ("Resume live" if paused else "Pause")

@@ -1,0 +1,99 @@
+"""A page's first open: the layout Dash fetches already holds the opened page and its first draw
+(no router or page callback before the charts), and the run pickers hold a page of runs, not
+every run, searching the rest by name.
+"""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from collector_util import InProcessCollector
+
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from forksight.base.records import Records, scalars_table
+    from forksight.monitor.collector.store import Store
+
+    db = tmp_path_factory.mktemp("first-open") / "runs.duckdb"
+    with Store(str(db)) as store:
+        ids = []
+        for i in range(3):
+            run_id = store.create_run(f"run-{i}", strategy="fork")
+            rows = [{"step": s, "key": k, "value": v} for s in range(STEPS)
+                    for k, v in (("entropy/mean", 1.0 + i - 0.1 * s), ("pass@1", 0.1 * s))]
+            store.write(run_id, Records(scalars=scalars_table(rows))).result()
+            ids.append(run_id)
+    with InProcessCollector(db, dashboard=True) as srv:
+        assert httpx.get(srv.url + "/", timeout=30).status_code == 200
+        yield srv, ids
+
+
+def _layout(srv, referer: str | None) -> dict:
+    headers = {"Referer": referer} if referer else {}
+    response = httpx.get(srv.url + "/_dash-layout", headers=headers, timeout=30)
+    assert response.status_code == 200, response.text[:500]
+    return response.json()
+
+
+def _find(tree, component_id: str) -> dict | None:
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("props", {}).get("id") == component_id:
+                return node["props"]
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
+
+
+def test_the_opened_run_page_and_its_charts_come_with_the_first_layout(served):
+    srv, ids = served
+    url = f"{srv.url}/run?run={ids[1]}"
+    layout = _layout(srv, url)
+    # the Location already holds the URL the browser has: it reports no change, the router stays quiet
+    location = _find(layout, "_pages_location")
+    assert (location["pathname"], location["search"], location["href"]) == ("/run", f"?run={ids[1]}", url)
+    state = _find(layout, "run-state")["data"]
+    assert (state["run_id"], state["last_step"]) == (ids[1], STEPS - 1)
+    traces = _find(layout, "run-entropy")["figure"]["data"]
+    assert max(max(t["x"]) for t in traces if t.get("x")) == STEPS - 1
+    assert _find(layout, "run-select")["value"] == ids[1]
+
+
+def test_compare_and_alerts_pages_come_drawn_with_the_first_layout(served):
+    srv, ids = served
+    layout = _layout(srv, f"{srv.url}/compare?runs={ids[0]},{ids[2]}")
+    lines = [t for t in _find(layout, "cmp-figure")["figure"]["data"] if t.get("x")]
+    assert {t.get("legendgroup") for t in lines} == {ids[0], ids[2]}
+    assert max(max(t["x"]) for t in lines) == STEPS - 1
+    assert _find(layout, "cmp-runs")["value"] == [ids[0], ids[2]]
+    count = _find(_layout(srv, f"{srv.url}/alerts"), "alerts-count")
+    assert count["children"] == "0 alerts, newest first"
+
+
+@pytest.mark.parametrize("referer", [None, "http://elsewhere.example/run", "{url}/run#focus"])
+def test_without_the_pages_own_url_the_router_fills_the_page_as_dash_does(served, referer):
+    srv, _ = served
+    layout = _layout(srv, referer.format(url=srv.url) if referer else None)
+    assert _find(layout, "_pages_content").get("children") is None
+    assert _find(layout, "run-entropy") is None
+
+
+def test_a_run_picker_holds_the_newest_runs_and_the_picked_one_and_searches_every_run(tmp_path):
+    from forksight.dashboard.run_options import PICK_RUNS, run_options
+    from forksight.monitor.collector.store import Store
+
+    with Store(str(tmp_path / "many.duckdb")) as store:
+        ids = [store.create_run(f"run-{i:03d}", strategy="fork") for i in range(PICK_RUNS + 10)]
+        reader = store.reader
+        newest = [o["value"] for o in run_options(reader)]
+        assert newest == ids[::-1][:PICK_RUNS]                   # newest first, one page only
+        oldest = [o["value"] for o in run_options(reader, [ids[0], "no-such-run"])]
+        assert oldest == ids[::-1][:PICK_RUNS] + [ids[0]]        # the picked run stays choosable
+        found = run_options(reader, search="RUN-00")             # any case, anywhere in the name
+        assert [o["label"] for o in found] == [f"run-{i:03d} · fork" for i in range(9, -1, -1)]
