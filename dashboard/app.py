@@ -21,6 +21,7 @@ log = logging.getLogger("forksight.dashboard")
 PAGES = ("forksight.dashboard.pages.runs", "forksight.dashboard.pages.run",
          "forksight.dashboard.pages.tokens", "forksight.dashboard.pages.compare",
          "forksight.dashboard.pages.alerts")
+ASSET_MAX_AGE_S = 365 * 24 * 3600
 NAV = (("Runs", "/"), ("Run", "/run"), ("Tokens", "/tokens"), ("Compare", "/compare"),
        ("Alerts", "/alerts"))
 
@@ -34,6 +35,9 @@ def create_dash(reader: Reader, *, url_base: str = "/") -> Dash:
                assets_folder=str(here / "assets"), title="forksight", update_title=None,
                suppress_callback_exceptions=True)
     data.install(app.server, reader)     # on this app's server: never shared with another app
+    # assets (/assets/style.css?m=<mtime>) carry their file's time in the URL: a browser may keep
+    # them a year (Dash's fingerprinted component scripts are cached so already)
+    app.server.config["SEND_FILE_MAX_AGE_DEFAULT"] = ASSET_MAX_AGE_S
     for name in PAGES:
         importlib.import_module(name).register(app)
     app.layout = shell

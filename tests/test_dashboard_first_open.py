@@ -97,3 +97,27 @@ def test_a_run_picker_holds_the_newest_runs_and_the_picked_one_and_searches_ever
         assert oldest == ids[::-1][:PICK_RUNS] + [ids[0]]        # the picked run stays choosable
         found = run_options(reader, search="RUN-00")             # any case, anywhere in the name
         assert [o["label"] for o in found] == [f"run-{i:03d} · fork" for i in range(9, -1, -1)]
+
+
+def test_dashboard_answers_go_gzipped_with_the_same_bytes_and_assets_are_cached(served):
+    import gzip
+    import re
+
+    srv, ids = served
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        index = http.get("/").text
+        scripts = re.findall(r'src="([^"]+\.js[^"]*)"', index)
+        style = re.search(r'href="(/assets/style\.css\?m=[^"]+)"', index).group(1)
+        for path in [style, *scripts]:
+            with http.stream("GET", path, headers={"Accept-Encoding": "gzip"}) as zipped:
+                raw = b"".join(zipped.iter_raw())
+            plain = http.get(path, headers={"Accept-Encoding": "identity"})
+            assert zipped.headers["content-encoding"] == "gzip", path
+            assert "content-encoding" not in plain.headers
+            assert gzip.decompress(raw) == plain.content and len(raw) < len(plain.content), path
+            assert "max-age=31536000" in zipped.headers["cache-control"], path
+        # a callback's answer too (the API's are left as they are)
+        with http.stream("GET", "/_dash-layout", headers={"Accept-Encoding": "gzip",
+                                                          "Referer": f"{srv.url}/run?run={ids[0]}"}) as layout:
+            assert layout.headers["content-encoding"] == "gzip"
+        assert "content-encoding" not in http.get("/api/runs").headers
