@@ -74,17 +74,35 @@ def roll_up(cur, table: str, run_id: str, data: pa.Table) -> None:
         cur.unregister("_forksight_roll")
 
 
+# a coarser level from the stored level below it (widths grow 4x): rebuilds read the raw rows once
+_SCALAR_UP = """
+SELECT run_id, key, ? AS width, bucket // 4 AS bucket, min(first_step) AS first_step,
+       max(last_step) AS last_step, arg_min(first_vw, first_step) AS first_vw,
+       arg_min(first_w, first_step) AS first_w, arg_min(first_v, first_step) AS first_v,
+       arg_min(first_n, first_step) AS first_n, arg_min(first_wall, first_step) AS first_wall,
+       sum(vw) AS vw, sum(w) AS w, sum(v) AS v, sum(n) AS n, min(vmin) AS vmin, max(vmax) AS vmax
+FROM scalar_rollups WHERE width = ?{only} GROUP BY run_id, key, bucket // 4"""
+_HISTOGRAM_UP = """
+SELECT run_id, key, ? AS width, bucket // 4 AS bucket, bin_lo, bin_hi, min(first_step) AS first_step,
+       max(last_step) AS last_step, sum(count) AS count
+FROM histogram_rollups WHERE width = ?{only} GROUP BY run_id, key, bucket // 4, bin_lo, bin_hi"""
+
+
 def rebuild_rollups(conn, run_ids: list[str] | None = None) -> None:
     """Rebuild the rollup tables from the stored rows, of every run or of run_ids (a file
-    written before they existed, or rows seeded in bulk)."""
-    only = "" if run_ids is None else " WHERE run_id IN (SELECT unnest(?::VARCHAR[]))"
+    written before they existed, or rows seeded in bulk): the finest level from the raw rows,
+    each coarser one from the level below."""
+    only = "" if run_ids is None else " AND run_id IN (SELECT unnest(?::VARCHAR[]))"
     runs = [] if run_ids is None else [list(run_ids)]
-    for table, rollup, select, widths in (
-            ("scalars", "scalar_rollups", _SCALAR_ROLLUP_SELECT, SCALAR_WIDTHS),
-            ("histograms", "histogram_rollups", _HISTOGRAM_ROLLUP_SELECT, HISTOGRAM_WIDTHS)):
-        conn.execute(f"DELETE FROM {rollup}{only}", runs)
-        src = f"(SELECT * FROM {table}{only})"
-        conn.execute(f"INSERT INTO {rollup} BY NAME {select.format(src=src)}", [*runs, list(widths)])
+    for table, rollup, select, up, widths in (
+            ("scalars", "scalar_rollups", _SCALAR_ROLLUP_SELECT, _SCALAR_UP, SCALAR_WIDTHS),
+            ("histograms", "histogram_rollups", _HISTOGRAM_ROLLUP_SELECT, _HISTOGRAM_UP, HISTOGRAM_WIDTHS)):
+        assert all(b == 4 * a for a, b in zip(widths, widths[1:]))
+        conn.execute(f"DELETE FROM {rollup} WHERE true{only}", runs)
+        src = f"(SELECT * FROM {table} WHERE true{only})"
+        conn.execute(f"INSERT INTO {rollup} BY NAME {select.format(src=src)}", [*runs, [widths[0]]])
+        for below, width in zip(widths, widths[1:]):
+            conn.execute(f"INSERT INTO {rollup} BY NAME {up.format(only=only)}", [width, below, *runs])
 
 
 def plan(span: int, points: int, widths: tuple[int, ...]) -> tuple[int, int]:
