@@ -12,6 +12,7 @@ from forksight.base.interfaces import Reader
 from forksight.dashboard import data
 from forksight.dashboard.data import LRU
 from forksight.dashboard.figures import downsample_indices
+from forksight.dashboard.run_options import run_options, searchable
 from forksight.dashboard.run_view import vocab_size
 from forksight.dashboard.token_figures import (EARLY_STEPS, METRICS, TokenScale,
                                                position_step_heatmap, token_scale)
@@ -148,9 +149,6 @@ def prompt_history(reader: Reader, run_id: str, prompt: str | None, metric: str,
     return rows, bool(prompt)
 
 
-def _runs(reader: Reader) -> list[dict]:
-    return [{"label": f"{r['name']} · {r.get('strategy') or '–'}", "value": r["run_id"]}
-            for r in reader.list_runs().to_dict("records")]
 
 
 MARKS = 8               # labelled steps under the slider
@@ -188,7 +186,7 @@ def _span(span) -> tuple[str | None, int | None]:
 def layout(run: str | None = None, step: str | None = None, sample: str | None = None,
            **_query) -> html.Div:
     run_asked = run
-    options = _runs(data.reader())
+    options = run_options(data.reader(), [run] if run else [])   # a page of runs; typing searches
     unknown = run is not None and run not in {o["value"] for o in options}
     if (run is None or unknown) and options:
         run = None if unknown else options[0]["value"]
@@ -235,6 +233,7 @@ def register(app: dash.Dash) -> None:
     """The page and its callbacks on `app`."""
     dash.register_page(__name__, path="/tokens", name="Tokens", title="forksight · tokens",
                        layout=layout)
+    searchable(app, "tok-run")
     slider = (Output("tok-span", "data"), Output("tok-step", "min"), Output("tok-step", "max"),
               Output("tok-step", "value"), Output("tok-step", "marks"))
 
