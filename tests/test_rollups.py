@@ -147,3 +147,15 @@ def test_column_width_gives_at_most_the_columns_asked():
                 continue
             assert -(-span // w) <= columns or w == HISTOGRAM_WIDTHS[-1]
             assert w == HISTOGRAM_WIDTHS[0] or -(-span // (w // 4)) > columns    # the narrowest
+
+
+def test_scalar_keys_index_equals_the_distinct_keys_of_the_rows(tmp_path):
+    with Store(tmp_path / "k.duckdb") as store:
+        run = store.create_run("keys")
+        for i, keys in enumerate((["a", "b"], ["b"], ["c", "a"], ["b"])):
+            store.write(run, Records(scalars=pa.table({
+                "step": np.full(len(keys), i, np.int64), "key": pa.array(keys),
+                "value": np.ones(len(keys))}))).result()
+        distinct = store.reader._query(  # noqa: SLF001
+            "SELECT DISTINCT key FROM scalars WHERE run_id = ? ORDER BY key", [run])["key"].tolist()
+        assert store.reader.scalar_keys(run) == distinct == ["a", "b", "c"]

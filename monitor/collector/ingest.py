@@ -101,8 +101,9 @@ class Ingest:
 
     # -- on the writer thread
     def _load_last(self, cur, run_id: str) -> None:
-        row = cur.execute("SELECT max(step) FROM scalars WHERE run_id = ?", [run_id]).fetchall()[0]
-        self._last.setdefault(run_id, -1 if row[0] is None else int(row[0]))
+        # the run's row keeps its last step: no scan of every run's scalars per new run
+        row = cur.execute("SELECT last_step FROM runs WHERE run_id = ?", [run_id]).fetchall()
+        self._last.setdefault(run_id, -1 if not row or row[0][0] is None else int(row[0][0]))
 
     def _committed(self, cur, committed: list[Committed]) -> None:
         """A committed group: buffer its new steps, judge each run once (its alerts go back with the

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 SCALAR_WIDTHS = (4, 16, 64, 256, 1024, 4096, 16384, 65536)
 HISTOGRAM_WIDTHS = (16, 64, 256, 1024, 4096, 16384, 65536)
@@ -58,18 +60,65 @@ def _upsert(table: str, select: str, merge: str) -> str:
     return f"INSERT INTO {table} BY NAME {select} ON CONFLICT DO UPDATE SET {merge}"
 
 
+_SUMS = ("vw", "w", "v", "n")
+
+
+def scalar_rollup_rows(data: pa.Table) -> pa.Table:
+    """The rollup rows of one Arrow table of scalars (key, step, value, wall_time, weight), every
+    width, in numpy: per (key, step) its sums, then per (key, bucket) its first step's sums and
+    its own (a batch is usually one step: no SQL aggregate per batch)."""
+    n = len(data)
+    value = pc.cast(data["value"], pa.float64()).to_numpy(zero_copy_only=False)
+    weight = np.ones(n) if "weight" not in data.column_names else \
+        pc.fill_null(pc.cast(data["weight"], pa.float64()), 1.0).to_numpy(zero_copy_only=False)
+    wall = np.full(n, np.nan) if "wall_time" not in data.column_names else \
+        pc.fill_null(pc.cast(data["wall_time"], pa.float64()), np.nan).to_numpy(zero_copy_only=False)
+    keys = pc.dictionary_encode(data["key"]).combine_chunks()
+    code, step = keys.indices.to_numpy(zero_copy_only=False), data["step"].to_numpy()
+    order = np.lexsort((step, code))
+    code, step, value, weight, wall = code[order], step[order], value[order], weight[order], wall[order]
+
+    def groups(*cols):            # start of each run of equal (cols) in the sorted rows
+        change = np.zeros(len(cols[0]), bool)
+        change[0] = True
+        for c in cols:
+            change[1:] |= c[1:] != c[:-1]
+        return np.flatnonzero(change)
+
+    at = groups(code, step)       # per (key, step)
+    per = {"vw": np.add.reduceat(value * weight, at), "w": np.add.reduceat(weight, at),
+           "v": np.add.reduceat(value, at), "n": np.diff(np.append(at, len(code))).astype(np.float64),
+           "wall": np.fmax.reduceat(wall, at), "vmin": np.minimum.reduceat(value, at),
+           "vmax": np.maximum.reduceat(value, at)}
+    code, step = code[at], step[at]
+    parts = []
+    for width in SCALAR_WIDTHS:
+        bucket = step // width
+        b = groups(code, bucket)
+        cols = {"key": keys.dictionary.take(pa.array(code[b])), "width": np.full(len(b), width, np.int64),
+                "bucket": bucket[b], "first_step": step[b],
+                "last_step": np.maximum.reduceat(step, b),
+                **{f"first_{c}": per[c][b] for c in (*_SUMS, "wall")},
+                **{c: np.add.reduceat(per[c], b) for c in _SUMS},
+                "vmin": np.minimum.reduceat(per["vmin"], b), "vmax": np.maximum.reduceat(per["vmax"], b)}
+        parts.append(pa.table(cols))
+    return pa.concat_tables(parts)
+
+
 def roll_up(cur, table: str, run_id: str, data: pa.Table) -> None:
     """Add one inserted Arrow table of `table` ('scalars' or 'histograms', without run_id) to
     its rollups, on the writer's cursor inside its transaction."""
-    cur.register("_forksight_roll", data)
+    if table == "scalars":
+        rows, sql = scalar_rollup_rows(data), _upsert("scalar_rollups", "SELECT ?::VARCHAR AS run_id, * FROM _forksight_roll",
+                                                      _SCALAR_MERGE)
+        params = [run_id]
+    else:
+        rows, sql = data, _upsert("histogram_rollups", _HISTOGRAM_ROLLUP_SELECT.format(
+            src="(SELECT ?::VARCHAR AS run_id, * FROM _forksight_roll)"), _HISTOGRAM_MERGE)
+        params = [run_id, list(HISTOGRAM_WIDTHS)]
+    cur.register("_forksight_roll", rows)
     try:
-        src = "(SELECT ?::VARCHAR AS run_id, * FROM _forksight_roll)"
-        if table == "scalars":
-            sql = _upsert("scalar_rollups", _SCALAR_ROLLUP_SELECT.format(src=src), _SCALAR_MERGE)
-            cur.execute(sql, [run_id, list(SCALAR_WIDTHS)])
-        else:
-            sql = _upsert("histogram_rollups", _HISTOGRAM_ROLLUP_SELECT.format(src=src), _HISTOGRAM_MERGE)
-            cur.execute(sql, [run_id, list(HISTOGRAM_WIDTHS)])
+        cur.execute(sql, params)
     finally:
         cur.unregister("_forksight_roll")
 

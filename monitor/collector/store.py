@@ -132,6 +132,7 @@ class Store(StoreHealth):
         self._tried = 0.0
         self._queue: queue.Queue = queue.Queue()
         self._beat: dict[str, float] = {}
+        self._keys: dict[str, set[str]] = {}     # scalar keys known to be in scalar_keys, per run
         self._on_close: list[Callable[[], None]] = []
         self._closed = False
         self._wcur = self._conn.cursor()
@@ -290,6 +291,7 @@ class Store(StoreHealth):
 
     def _write_group(self, jobs: list[_WriteJob]) -> None:
         cur = self._wcur
+        new_keys: dict[str, set[str]] = {}     # scalar keys recorded by this group (kept on commit)
         try:
             cur.begin()
             seen: dict = {}
@@ -324,7 +326,10 @@ class Store(StoreHealth):
                             cur.execute("UPDATE runs SET last_step = greatest(coalesce(last_step, ?), ?), "
                                         "first_step = least(coalesce(first_step, ?), ?) WHERE run_id = ?",
                                         [top, top, low, low, run_id])
-                            add_scalar_keys(cur, run_id, pa.concat_arrays([pc.unique(t["key"]) for t in parts]))
+                            keys = set(pa.concat_arrays([pc.unique(t["key"]) for t in parts]).to_pylist())
+                            if not keys <= self._keys.get(run_id, set()):     # known ones: no statement
+                                add_scalar_keys(cur, run_id, pa.array(sorted(keys), pa.string()))
+                                new_keys.setdefault(run_id, set()).update(keys)
                         if name in ("scalars", "histograms"):    # a first open reads these
                             roll_up(cur, name, run_id, data)
                 if time.time() - self._beat.get(run_id, 0.0) > 1.0:    # ingest is a heartbeat
@@ -337,6 +342,8 @@ class Store(StoreHealth):
                     "received_at": pa.array([time.time()] * len(ids), pa.float64()),
                     "digest": pa.array([j.records.digest for j in ids], pa.string())}))
             cur.commit()
+            for run_id, keys in new_keys.items():
+                self._keys.setdefault(run_id, set()).update(keys)
         except Exception as exc:  # noqa: BLE001 - a failing batch must fail alone
             try:
                 cur.rollback()
