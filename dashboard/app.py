@@ -22,6 +22,10 @@ PAGES = ("forksight.dashboard.pages.runs", "forksight.dashboard.pages.run",
          "forksight.dashboard.pages.tokens", "forksight.dashboard.pages.compare",
          "forksight.dashboard.pages.alerts")
 ASSET_MAX_AGE_S = 365 * 24 * 3600
+# The trace types the figures draw: assets/plotly-forksight.min.js registers these only (1.5 MB,
+# Dash's full plotly.js is 4.8 MB and cost ~1.5 s of browser work per first open). Dash uses a
+# window.Plotly an asset defines. A new type: add it to plotly_bundle/entry.js and rebuild.
+PLOTLY_TRACES = ("scatter", "scattergl", "heatmap")
 NAV = (("Runs", "/"), ("Run", "/run"), ("Tokens", "/tokens"), ("Compare", "/compare"),
        ("Alerts", "/alerts"))
 
