@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import duckdb
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 
@@ -159,3 +160,24 @@ def test_scalar_keys_index_equals_the_distinct_keys_of_the_rows(tmp_path):
         distinct = store.reader._query(  # noqa: SLF001
             "SELECT DISTINCT key FROM scalars WHERE run_id = ? ORDER BY key", [run])["key"].tolist()
         assert store.reader.scalar_keys(run) == distinct == ["a", "b", "c"]
+
+
+def test_rollups_kept_at_ingest_equal_a_rebuild_from_the_rows(tmp_path):
+    from forksight.monitor.collector.rollups import rebuild_rollups
+
+    rng = np.random.default_rng(3)
+    with Store(tmp_path / "i.duckdb") as store:
+        run = store.create_run("ingested")
+        for rank in (1, 0):                   # rank 1 first: a later write has the earlier rows
+            for first in range(0, 700, 90):
+                steps = range(first, min(700, first + 90))
+                store.write(run, Records(scalars=_scalars(rng, steps, rank),
+                                         histograms=_histograms(steps, rank))).result()
+        order = {"scalar_rollups": "run_id, key, width, bucket",
+                 "histogram_rollups": "run_id, key, width, bucket, bin_lo"}
+        kept = {t: store.reader._query(f"SELECT * FROM {t} ORDER BY {o}") for t, o in order.items()}  # noqa: SLF001
+        store.call(rebuild_rollups)
+        for t, o in order.items():
+            rebuilt = store.reader._query(f"SELECT * FROM {t} ORDER BY {o}")  # noqa: SLF001
+            assert len(rebuilt) == len(kept[t]) > 0
+            pd.testing.assert_frame_equal(kept[t], rebuilt, check_exact=False, rtol=1e-9)
