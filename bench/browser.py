@@ -42,7 +42,7 @@ CHROMIUM = "/usr/bin/chromium"
 TARGET_RATIO = 1.5
 FLOOR_POINTS = 1000
 SIZES = {"small": {"steps": 1_000, "runs": 100}, "big": {"steps": 500_000, "runs": 10_000}}
-PAGES = ("floor", "run", "tokens", "runs", "alerts", "compare")
+PAGES = ("floor", "floor_lean", "run", "tokens", "runs", "alerts", "compare")
 DATA_PATHS = ("/_dash-layout", "/_dash-dependencies", "/_dash-update-component")
 LOAD_TIMEOUT_MS = 60_000
 POLL_MS = 20                    # how often a page is asked whether its data shows
@@ -59,6 +59,7 @@ const reach = (gd) => { let m = -Infinity;
 """
 READY = {
     "floor": "const gd = graph('floor-graph'); if (!traced(gd) || gd._fullData[0].x.length !== a.points) return false;",
+    "floor_lean": "const gd = graph('floor-graph'); if (!traced(gd) || gd._fullData[0].x.length !== a.points) return false;",
     "run": """const main = graph('run-entropy'); if (!traced(main) || reach(main) < a.last) return false;
       for (const id of ['run-passk', 'run-signals']) { const gd = graph(id);
         if (!drawn(gd) || (traced(gd) && reach(gd) < a.last)) return false; }
@@ -77,15 +78,18 @@ RESOURCES_JS = """() => [...performance.getEntriesByType('navigation'), ...perfo
               body: e.encodedBodySize, decoded: e.decodedBodySize}))"""
 
 
-def floor_app():
-    """The floor: a minimal Dash page, one Plotly graph of FLOOR_POINTS points, Dash's defaults."""
-    import numpy as np
+def floor_app(lean: bool = False):
+    """The floor: a minimal Dash page, one Plotly graph of FLOOR_POINTS points, Dash's defaults.
+    lean: the same page with the dashboard's own serving choices (its plotly.js bundle and
+    assets, at /lean/), to show how much of a page's time the framework leaves."""
     import plotly.graph_objects as go
     from dash import Dash, dcc, html
 
     x = np.arange(FLOOR_POINTS)
     fig = go.Figure(go.Scatter(x=x, y=np.sin(x / 50.0), mode="lines"))
-    app = Dash(__name__, title="floor")
+    lean_args = {"assets_folder": str(HERE.parent / "dashboard" / "assets"),
+                 "routes_pathname_prefix": "/", "requests_pathname_prefix": "/lean/"} if lean else {}
+    app = Dash(__name__, title="floor", **lean_args)
     app.layout = html.Div([dcc.Graph(id="floor-graph", figure=fig)])
     return app
 
@@ -97,7 +101,13 @@ def serve_floor(port: int) -> None:
     from a2wsgi import WSGIMiddleware
     from fastapi import FastAPI
 
+    from starlette.middleware.gzip import GZipMiddleware
+
+    from forksight.compose.app import DASH_GZIP_LEVEL, DASH_GZIP_MIN_BYTES
+
     api = FastAPI()
+    api.mount("/lean", GZipMiddleware(WSGIMiddleware(floor_app(lean=True).server),
+                                      minimum_size=DASH_GZIP_MIN_BYTES, compresslevel=DASH_GZIP_LEVEL))
     api.mount("/", WSGIMiddleware(floor_app().server))
     uvicorn.run(api, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
@@ -235,8 +245,8 @@ def measure_size(browser, floor: FloorServer, db: str, rounds: int, pages: list[
 
     with ServeProcess(db, dashboard=True, args=("--skip-verify",)) as srv:
         t = targets(srv.url)
-        urls = {"floor": floor.url + "/", **page_urls(srv.url, t)}
-        args = {"floor": {"points": FLOOR_POINTS}, **{p: t for p in PAGES if p != "floor"}}
+        urls = {"floor": floor.url + "/", "floor_lean": floor.url + "/lean/", **page_urls(srv.url, t)}
+        args = {**{p: t for p in PAGES}, "floor": {"points": FLOOR_POINTS}, "floor_lean": {"points": FLOOR_POINTS}}
         for page in pages:                                  # one unmeasured open each: server warm-up
             open_once(browser, urls[page], page, args[page])
         loads: dict[str, list[dict]] = {p: [] for p in pages}
@@ -254,7 +264,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--sizes", default="small,big", help="comma-separated: small, big")
-    parser.add_argument("--pages", default=",".join(PAGES[1:]), help="comma-separated pages to open")
+    parser.add_argument("--pages", default=",".join(PAGES[1:]),
+                        help="comma-separated pages to open (floor_lean: the floor page served as the dashboard is)")
     parser.add_argument("--db-small", default=None, help="an already seeded file for the small size")
     parser.add_argument("--db-big", default=None, help="an already seeded file for the big size")
     parser.add_argument("--token-rows-per-step", type=int, default=64,
@@ -271,7 +282,8 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="forksight-browser-bench-"))
     out = {"target_ratio_to_floor": TARGET_RATIO, "rounds": args.rounds, "sizes": {},
            "floor": f"one dcc.Graph of {FLOOR_POINTS} points in a bare Dash {_dash_version()} app "
-                    "(defaults), FastAPI + a2wsgi + uvicorn on 127.0.0.1; fresh browser context per open"}
+                    "(defaults), FastAPI + a2wsgi + uvicorn on 127.0.0.1; fresh browser context per open; "
+                    "floor_lean: the same page with the dashboard's plotly.js bundle, assets and gzip"}
     try:
         with FloorServer() as floor, sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
