@@ -26,6 +26,11 @@ ASSET_MAX_AGE_S = 365 * 24 * 3600
 # Dash's full plotly.js is 4.8 MB and cost ~1.5 s of browser work per first open). Dash uses a
 # window.Plotly an asset defines. A new type: add it to plotly_bundle/entry.js and rebuild.
 PLOTLY_TRACES = ("scatter", "scattergl", "heatmap")
+# The layout (the opened page, drawn) and the callback graph are fetched by Dash's renderer only
+# once every script has run (~1 s on a first open); preloaded, the collector builds them meanwhile
+# and the renderer's own fetch takes the preloaded answer (same URL, mode and credentials).
+PRELOAD = ('<link rel="preload" href="{prefix}_dash-layout" as="fetch" crossorigin="anonymous">'
+           '<link rel="preload" href="{prefix}_dash-dependencies" as="fetch" crossorigin="anonymous">')
 NAV = (("Runs", "/"), ("Run", "/run"), ("Tokens", "/tokens"), ("Compare", "/compare"),
        ("Alerts", "/alerts"))
 
@@ -45,6 +50,8 @@ def create_dash(reader: Reader, *, url_base: str = "/") -> Dash:
     for name in PAGES:
         importlib.import_module(name).register(app)
     app.layout = shell
+    prefix = app.config.requests_pathname_prefix
+    app.index_string = app.index_string.replace("{%css%}", PRELOAD.format(prefix=prefix) + "{%css%}", 1)
     return app
 
 

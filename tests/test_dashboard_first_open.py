@@ -121,3 +121,28 @@ def test_dashboard_answers_go_gzipped_with_the_same_bytes_and_assets_are_cached(
                                                           "Referer": f"{srv.url}/run?run={ids[0]}"}) as layout:
             assert layout.headers["content-encoding"] == "gzip"
         assert "content-encoding" not in http.get("/api/runs").headers
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_a_first_open_gets_the_layout_once_while_scripts_load_and_calls_back_nothing_first(served):
+    from browser_util import browser_context, watched_page
+    from conftest import require_browser
+
+    srv, ids = served
+    with browser_context(require_browser()) as ctx, watched_page(ctx) as page:
+        asked = []
+        page.on("request", lambda r: asked.append((r.url.split("?")[0].rsplit("/", 1)[-1], r.post_data or ""))
+                if "/_dash-" in r.url else None)
+        page.goto(f"{srv.url}/run?run={ids[1]}")
+        page.wait_for_function("""(last) => { const gd = document.querySelector('#run-entropy .js-plotly-plot');
+            return gd && gd._fullData && gd._fullData.some(t => t.x && Math.max(...t.x) === last); }""",
+                               arg=STEPS - 1, timeout=60_000)
+        # the index preloads the layout: the renderer's own fetch takes that answer
+        assert [name for name, _ in asked].count("_dash-layout") == 1
+        assert page.evaluate("""performance.getEntriesByType('resource')
+            .filter(e => e.name.endsWith('/_dash-layout')).map(e => e.initiatorType)""") == ["link"]
+        # neither Dash's page router nor the page's full draw ran: only the live tick may have
+        bodies = [body for name, body in asked if name == "_dash-update-component"]
+        assert not [b for b in bodies if "_pages_content" in b or "run-charts.style" in b], bodies
+        assert page.errors == []
