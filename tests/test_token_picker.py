@@ -48,7 +48,8 @@ def test_the_picker_is_the_same_few_bytes_for_a_long_run(store):
         steps = store.steps[run]
         picker = step_picker(store.reader, run)
         assert (picker["min"], picker["max"], picker["value"]) == (steps[0], steps[-1], steps[-1])
-        assert set(picker["marks"]) <= set(steps) and len(picker["marks"]) <= MARKS
+        assert min(picker["marks"]) == steps[0] and max(picker["marks"]) == steps[-1]
+        assert len(picker["marks"]) <= MARKS
         assert picker["span"] == {"run": run, "count": len(steps), "first": steps[0], "last": steps[-1]}
         sizes[run] = len(json.dumps(picker))
         # a wished-for step (an alert's link) lands on the nearest token step
@@ -58,9 +59,12 @@ def test_the_picker_is_the_same_few_bytes_for_a_long_run(store):
 
 
 def test_history_steps_spread_over_the_run(store):
-    steps = store.steps["sparse"]
-    got = history_steps(store.reader, "sparse", 24)
-    first, last = steps[0], steps[-1]
-    expect = sorted({_python_nearest(steps, first + round(i * (last - first) / 23)) for i in range(24)})
-    assert got == expect and got[0] == first and got[-1] == last
+    for run in ("sparse", "dense"):
+        steps = np.array(store.steps[run])
+        first, last = steps[0], steps[-1]
+        part = np.minimum(22, (steps - first) * 23 // (last - first))       # 23 equal parts
+        expect = sorted({int(steps[part == p].min()) for p in np.unique(part)} | {int(last)})
+        got = history_steps(store.reader, run, 24)
+        assert got == expect and got[0] == first and got[-1] == last and len(got) <= 24
     assert history_steps(store.reader, "one", 24) == [7]
+    assert history_steps(store.reader, "none", 24) == []

@@ -111,14 +111,9 @@ MIN_PROMPT_STEPS = 3    # fewer steps with this prompt: show every sampled rollo
 
 
 def history_steps(reader: Reader, run_id: str, max_steps: int = HISTORY_STEPS) -> list[int]:
-    """Up to max_steps token steps spread evenly over the run (the token step nearest each of
-    max_steps evenly spaced steps between its first and last), ascending: two small reads."""
-    n, first, last = reader.token_step_span(run_id)
-    if not n:
-        return []
-    count = min(n, max(1, max_steps))
-    wanted = [first + round(i * (last - first) / max(1, count - 1)) for i in range(count)]
-    return sorted({s for s in reader.nearest_token_steps(run_id, wanted) if s is not None})
+    """Up to max_steps token steps spread over the run (the first token step of each of
+    max_steps - 1 equal parts of its span, and the last), ascending: one read."""
+    return reader.spread_token_steps(run_id, max(2, max_steps) - 1)
 
 
 def prompt_history(reader: Reader, run_id: str, prompt: str | None, metric: str,
@@ -157,16 +152,17 @@ MARKS = 8               # labelled steps under the slider
 def step_picker(reader: Reader, run_id: str | None, wanted=None) -> dict:
     """The slider for a run: {'span': the small state the page keeps ({run, count, first,
     last}), 'min', 'max', 'value' (the token step nearest `wanted`, else the newest), 'marks'}.
-    The slider's values are steps; its ends and marks come from the token_steps index in two
-    small reads, so neither the page nor the browser ever holds the run's step list."""
+    The slider's values are steps; its ends come from the token_steps index in one small read
+    (two with `wanted`), so neither the page nor the browser ever holds the run's step list."""
     n, first, last = reader.token_step_span(run_id) if run_id else (0, None, None)
     if not n:
         return {"span": {"run": run_id, "count": 0}, "min": 0, "max": 0, "value": 0, "marks": None}
-    target = int(wanted) if wanted is not None and str(wanted).isdigit() else last
-    ticks = [first + round(i * (last - first) / (MARKS - 1)) for i in range(MARKS)]
-    value, *marks = reader.nearest_token_steps(run_id, [target, *ticks])
+    value = last if wanted is None or not str(wanted).isdigit() else \
+        reader.nearest_token_steps(run_id, [int(wanted)])[0]
+    # marks are places on the axis, labelled with their step (a pick lands on the nearest token step)
+    marks = sorted({first + round(i * (last - first) / (MARKS - 1)) for i in range(MARKS)})
     return {"span": {"run": run_id, "count": n, "first": first, "last": last}, "min": first,
-            "max": last, "value": value, "marks": {int(m): str(m) for m in marks}}
+            "max": last, "value": value, "marks": {int(m): f"{m:,}" for m in marks}}
 
 
 def follows(span: dict | None, value) -> bool:
