@@ -106,11 +106,11 @@ def read_verdicts(reader: Reader, run_ids=None) -> dict[str, Verdict]:
     """Every run's (or run_ids') verdict from its alerts and latest entropy (three queries)."""
     from forksight.dashboard.verdict import ENTROPY_KEY, verdicts_of_runs
 
-    if run_ids is None:
-        runs = reader.list_runs().to_dict("records")
-    else:       # only the runs asked for: every run's entropy took 28 s at 10,000 runs
+    runs = reader.list_runs()          # one query (a run() per id: 20 ms each)
+    if run_ids is not None:            # only their entropy: every run's took 28 s at 10,000 runs
         run_ids = list(dict.fromkeys(run_ids))
-        runs = [r for r in map(reader.run, run_ids) if r is not None]
+        runs = runs[runs["run_id"].isin(run_ids)]
+    runs = runs.to_dict("records")
     last = reader.read_scalars_of_runs([ENTROPY_KEY], downsample=2, run_ids=run_ids)
     latest = {rid: {ENTROPY_KEY: float(rows["value"].iloc[-1])}
               for rid, rows in last.groupby("run_id")} if not last.empty else {}
