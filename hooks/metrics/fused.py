@@ -5,13 +5,15 @@ docs/algorithms.md §1, §3).
 Per block of rows, after an eager max m (one cheap read, and the NaN/inf check):
   `sums`   one read of the logits: s = (z − m)/temp, e = exp(s), and Σe, Σe·s, Σe² accumulated
            from the same e; nothing of size V is written.
-  `sums_e` the same, also writing e (float32) into a scratch buffer, for JS.
-  `js`     from e of one position's whole group [G, k, V]: P̄ = Σ_j w_j e_j (w_j = 1/(|A|·Σe_j),
-           0 for inactive rows) and Σ M log M, Σ P̄ log P̄ for M_i = ½(e_i/Σe_i + P̄).
-exp is a degree-7 polynomial with a power-of-two scale (Cephes expf, rel. error < 1e-7): inductor's
-exp on the CPU is the accurate SLEEF one, 2-3x slower than the exp PyTorch's own softmax uses,
-which made the compiled kernel lose to the log-softmax it was measured against (bench/metrics.py).
-s is clamped at −87 (e ≥ 1.6e-38) so −inf logits give a negligible term, never NaN.
+  `js`     a second read of one position's whole group [G, k, V], after `sums`: e recomputed,
+           ½P̄ = Σ_j ½w_j e_j (w_j = 1/(|A|·Σe_j), 0 for inactive rows) formed in registers, and
+           JS_i = Σ_v ½p_i log p_i + ½P̄ log P̄ − M_i log M_i summed per row (M_i = ½(p_i + P̄), log p_i
+           = s_i − log Σe_i exact): terms ≥ 0, so no cancellation between entropies of ~log V.
+exp is a degree-7 polynomial with a power-of-two scale (Cephes expf, rel. error < 1e-7), log a
+degree-8 one after splitting off the exponent (rel. error < 4e-7): inductor's exp and log on the
+CPU are the accurate SLEEF ones (log: 2x slower), and every JS term needs a log. The kernels are
+compiled with fused multiply-adds (_OPTIONS). s is kept ≥ −87 (e ≥ 1.6e-38) by a select, so −inf
+logits give a negligible term and NaN garbage in padding never reaches a sum of another row.
 """
 from __future__ import annotations
 
@@ -24,15 +26,17 @@ from torch import Tensor
 
 _LOG2E = 1.4426950408889634
 _EXP_MIN = -87.0  # exp(−87) ≈ 1.6e-38, still a normal float32
-_XLOGX_MIN = 1e-37  # Σ x log x clamps x here: 0·log 0 = 0 up to 1e-35 per term
+_LN2 = 0.6931471805599453
+_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4  # ln 2 = HI + LO, HI exact in a few bits
 # Work (rows × V) below which the eager path is used: a first compile takes tens of seconds.
 FUSED_MIN_ELEMENTS = 1 << 24
 ENV_SWITCH = "FORKSIGHT_FUSED"  # "0": never compile; "1": the default (compile where it pays)
 # Blocks (rows × V floats), chosen with bench/metrics.py --sweep at [6, 256, 151936], 1 thread:
 # without JS nothing of size V is written and bigger blocks amortise the per-block calls (~110
-# rows); with JS e is written and read back, so its block stays cache-sized (~34 rows).
+# rows); with JS the JS kernel reads the block the sums kernel just read, so it stays cache-sized
+# (one position of 6 rows).
 TOKEN_FLOATS = 1 << 24
-JS_FLOATS = 5 << 20
+JS_FLOATS = 1 << 20
 # bf16/fp16 logits on the CPU: inductor's in-kernel conversion ran the kernel 2-3x slower, so
 # each block is first converted to float32 into one reused buffer, in blocks of ~8 rows.
 CONVERT_FLOATS = 5 << 18
@@ -50,7 +54,10 @@ def _exp(s: Tensor) -> Tensor:
 
 
 def _shifted(z: Tensor, m: Tensor, inv_temp: float) -> Tensor:
-    return ((z.to(torch.float32) - m.unsqueeze(-1)) * inv_temp).clamp(min=_EXP_MIN)
+    """s = (z − m)/temp, at least _EXP_MIN; a select, not a clamp: NaN (padding garbage) becomes
+    _EXP_MIN too, and the select is cheaper than a NaN-propagating max."""
+    s = (z.to(torch.float32) - m.unsqueeze(-1)) * inv_temp
+    return torch.where(s > _EXP_MIN, s, _EXP_MIN)
 
 
 def _sums(z: Tensor, m: Tensor, inv_temp: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -59,42 +66,66 @@ def _sums(z: Tensor, m: Tensor, inv_temp: float) -> tuple[Tensor, Tensor, Tensor
     return e.sum(-1), (e * s).sum(-1), (e * e).sum(-1)
 
 
-def _sums_e(z: Tensor, m: Tensor, inv_temp: float, e_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    s = _shifted(z, m, inv_temp)
-    e = _exp(s)
-    e_out.copy_(e)
-    return e.sum(-1), (e * s).sum(-1), (e * e).sum(-1)
+def _log(x: Tensor) -> Tensor:
+    """log x for normal positive float32: x = 2**n · f with f in [2/3, 4/3), log f = r − r²/2 + r³·P(r)
+    (r = f − 1, P of degree 5 fitted on that range; rel. error < 4e-7), no division, unlike
+    inductor's SLEEF log. Zero gives a finite value (only ever multiplied by zero here)."""
+    bits = x.view(torch.int32)
+    n = (bits - 0x3F2AAAAB) >> 23  # exponent such that the mantissa lands in [2/3, 4/3)
+    r = (bits - (n << 23)).view(torch.float32) - 1.0
+    r2 = r * r
+    p = r * -0.15630834 + 0.17128032
+    for c in (-0.16382664, 0.19796002, -0.25008026, 0.33337551):
+        p = p * r + c
+    nf = n.to(torch.float32)
+    return (r2 * (r * p - 0.5) + nf * _LN2_LO) + r + nf * _LN2_HI
 
 
-def _js(e: Tensor, inv_s1: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
-    """e [c, G, k, V]; inv_s1, w [c, G, k]. Returns Σ M log M [c, G, k] and Σ P̄ log P̄ [c, G].
+def _js(z: Tensor, scale: Tensor, shift: Tensor, half_inv_s1: Tensor, neg_log_s1: Tensor, half_w: Tensor) -> Tensor:
+    """JS(p_i‖P̄) per row from the logits z [c, G, k, V] of one position's groups. Per row [c, G, k]:
+    s = z·scale + shift (scale = 1/temp, shift = −m/temp), ½/Σe, −log Σe and ½w (w: the row's weight
+    in P̄, 1/(|A|·Σe), 0 when inactive), all computed outside so the loop only loads them.
 
-    Written out per row (k is fixed per trace): all k + 1 sums then share one loop over V and P̄
-    is never stored (18% faster than a reduction over k followed by a second pass)."""
-    k = e.shape[2]
-    mean = None
+    JS = Σ_v ½p log p + ½P̄ log P̄ − M log M (M = ½(p + P̄)), a sum of terms ≥ 0, with log p = s − log Σe
+    exact. Written out per row (k is fixed per trace): e is recomputed from z (nothing of size V
+    is written) and P̄ and the k sums share one loop over V. Garbage (NaN/inf) in an inactive row
+    becomes s = _EXP_MIN, so weight 0 keeps it out of P̄ without a select."""
+    k = z.shape[2]
+    half_mean, half_ps, log_ps = None, [], []
     for j in range(k):
-        # a select, not a product: an inactive row may hold NaN (padding garbage), 0·NaN = NaN
-        term = torch.where(w[:, :, j:j + 1] > 0, e[:, :, j, :] * w[:, :, j:j + 1], 0.0)
-        mean = term if mean is None else mean + term
-    sums = []
+        s = z[:, :, j, :].to(torch.float32) * scale[:, :, j:j + 1] + shift[:, :, j:j + 1]
+        s = torch.where(s > _EXP_MIN, s, _EXP_MIN)
+        e = _exp(s)
+        half_ps.append(e * half_inv_s1[:, :, j:j + 1])
+        log_ps.append(s + neg_log_s1[:, :, j:j + 1])
+        term = e * half_w[:, :, j:j + 1]
+        half_mean = term if half_mean is None else half_mean + term
+    # ½P̄ log P̄ = ½P̄ (log ½P̄ + log 2), the same for every row of the group: summed once
+    shared = (half_mean * (_log(half_mean) + _LN2)).sum(-1, keepdim=True)
+    rows = []
     for i in range(k):
-        mix = ((e[:, :, i, :] * inv_s1[:, :, i:i + 1] + mean) * 0.5).clamp(min=_XLOGX_MIN)
-        sums.append((mix * mix.log()).sum(-1))
-    mean = mean.clamp(min=_XLOGX_MIN)
-    return torch.stack(sums, -1), (mean * mean.log()).sum(-1)
+        mix = half_ps[i] + half_mean
+        rows.append((half_ps[i] * log_ps[i] - mix * _log(mix)).sum(-1))
+    return torch.stack(rows, -1) + shared
 
 
-def _js_wide(e: Tensor, inv_s1: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
-    """_js for large groups (k > MAX_UNROLLED): P̄ as a reduction over k, then Σ x log x."""
-    w = w.unsqueeze(-1)
-    mean = torch.where(w > 0, e * w, 0.0).sum(2, keepdim=True)
-    mix = ((e * inv_s1.unsqueeze(-1) + mean) * 0.5).clamp(min=_XLOGX_MIN)
-    mean = mean.clamp(min=_XLOGX_MIN)
-    return (mix * mix.log()).sum(-1), (mean * mean.log()).sum(-1).squeeze(-1)
+def _js_wide(z: Tensor, scale: Tensor, shift: Tensor, half_inv_s1: Tensor, neg_log_s1: Tensor,
+             half_w: Tensor) -> Tensor:
+    """_js for large groups (k > MAX_UNROLLED): ½P̄ as a reduction over k, then the sums."""
+    s = z.to(torch.float32) * scale.unsqueeze(-1) + shift.unsqueeze(-1)
+    s = torch.where(s > _EXP_MIN, s, _EXP_MIN)
+    e = _exp(s)
+    half_mean = (e * half_w.unsqueeze(-1)).sum(2, keepdim=True)
+    half_p = e * half_inv_s1.unsqueeze(-1)
+    mix = half_p + half_mean
+    shared = (half_mean * (_log(half_mean) + _LN2)).sum(-1)
+    return (half_p * (s + neg_log_s1.unsqueeze(-1)) - mix * _log(mix)).sum(-1) + shared
 
 
 MAX_UNROLLED = 16
+# a·b + c as one fused multiply-add in the C++ kernels (inductor compiles with -ffp-contract=off by
+# default): the polynomials above are chains of them; measured 20% faster, and no less accurate
+_OPTIONS = {"cpp.enable_floating_point_contract_flag": "fast"}
 
 
 class _Kernels:
@@ -110,7 +141,7 @@ class _Kernels:
         with self.lock:
             compiled = self.compiled.get(name)
             if compiled is None:
-                compiled = self.compiled[name] = torch.compile(fn, dynamic=True, fullgraph=True)
+                compiled = self.compiled[name] = torch.compile(fn, dynamic=True, fullgraph=True, options=_OPTIONS)
         if key in self.proven:
             return compiled(*args)
         try:
@@ -175,14 +206,11 @@ def sums(z: Tensor, m: Tensor, inv_temp: float):
     return _KERNELS.call("sums", _sums, _key("sums", z), z, m.to(torch.float32), inv_temp)
 
 
-def sums_e(z: Tensor, m: Tensor, inv_temp: float, e_out: Tensor):
-    """As `sums`, also writing e = exp(s) into e_out (float32, z's shape); None: use eager."""
-    return _KERNELS.call("sums_e", _sums_e, _key("sums_e", z), z, m.to(torch.float32), inv_temp, e_out)
-
-
-def js(e: Tensor, inv_s1: Tensor, w: Tensor):
-    """(Σ M log M [c, G, k], Σ P̄ log P̄ [c, G]) of e [c, G, k, V]; None: use eager."""
-    if e.shape[2] > MAX_UNROLLED:
-        return _KERNELS.call("js_wide", _js_wide, _key("js_wide", e), e, inv_s1, w)
-    return _KERNELS.call("js", _js, _key("js", e) + (e.shape[2],), e, inv_s1, w)
-
+def js(z: Tensor, m: Tensor, inv_temp: float, s1: Tensor, w: Tensor):
+    """JS(p_i‖P̄) [c, G, k] from the logits z [c, G, k, V] of c positions, their row max m and Σe s1,
+    and w (each row's weight in P̄, 0 when inactive), all [c, G, k]; None: use eager."""
+    m = m.to(torch.float32)
+    args = (z, torch.full_like(m, inv_temp), m * -inv_temp, 0.5 / s1, -s1.log(), 0.5 * w)
+    if z.shape[2] > MAX_UNROLLED:
+        return _KERNELS.call("js_wide", _js_wide, _key("js_wide", z), *args)
+    return _KERNELS.call("js", _js, _key("js", z) + (z.shape[2],), *args)

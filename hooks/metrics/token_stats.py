@@ -108,12 +108,10 @@ class _Sums:
             self.s_y[index] = planes[1].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         self.s1[index], self.sz[index], self.s2[index] = _row_sums(planes)
 
-    def fill_fused(self, index, z: Tensor, inv_temp: float, tokens: Tensor | None, e_out=None, conv=None) -> bool:
-        """The same from the compiled kernel (e written to e_out when given); False: use eager."""
-        if conv is not None:  # bf16/fp16 on the CPU: converted here, into one reused buffer
-            z = conv[: z[..., 0].numel()].view(z.shape).copy_(z)
+    def fill_fused(self, index, z: Tensor, inv_temp: float, tokens: Tensor | None) -> bool:
+        """The same from the compiled kernel (z float32, or any dtype on CUDA); False: use eager."""
         m = z.amax(dim=-1)
-        got = _fused.sums(z, m, inv_temp) if e_out is None else _fused.sums_e(z, m, inv_temp, e_out)
+        got = _fused.sums(z, m, inv_temp)
         if got is None:
             return False
         self.max[index] = m
@@ -206,7 +204,7 @@ def _stats_by_tokens(src: LogitsSource, valid: Tensor, toks, inv_temp: float, ch
         z = src.rows(flat[blk], flat_host[blk])
         tok_blk = tok_valid[blk] if toks is not None else None
         if use_fused:
-            if not sums.fill_fused(blk, z, inv_temp, tok_blk, conv=conv):
+            if not sums.fill_fused(blk, _as_float32(z, conv), inv_temp, tok_blk):
                 return False
             continue
         planes = buf[:, : flat[blk].numel()]
@@ -292,48 +290,59 @@ def _stats_by_positions(
 
 def _finish_js(sums: _Sums, act: Tensor, neg_h: Tensor, count: Tensor, groups: Tensor, positions: Tensor,
                out: dict) -> None:
-    """The statistics and JS from the per-position sums; written to out at the positions."""
+    """The statistics and JS from the per-position sums (eager path); written to out at the positions."""
     batch = act.shape[1]
     stats = sums.finish(act)
     h_mix, h_mean = -neg_h[:, :batch], -neg_h[:, batch:]
-    js = (h_mix - 0.5 * stats["entropy"] - 0.5 * h_mean[:, groups]).clamp_(0.0, math.log(2.0))
+    _write_positions(stats, h_mix - 0.5 * stats["entropy"] - 0.5 * h_mean[:, groups], act, count, groups,
+                     positions, out)
+
+
+def _write_positions(stats: dict, js: Tensor, act: Tensor, count: Tensor, groups: Tensor, positions: Tensor,
+                     out: dict) -> None:
+    """Writes the statistics and JS [P, B] to out at the positions (0 where inactive)."""
+    js = js.clamp_(0.0, math.log(2.0))
     stats["js"] = js.masked_fill(count[:, groups] < 2, 0.0)  # a lone active rollout is its own mean
     for name, value in stats.items():
         if value is not None:
             out[name][:, positions] = value.masked_fill(~act, 0.0).T
 
 
+def _as_float32(z: Tensor, conv: Tensor | None) -> Tensor:
+    """z itself, or (bf16/fp16 on the CPU) z converted into the reused float32 buffer conv."""
+    return z if conv is None else conv[: z[..., 0].numel()].view(z.shape).copy_(z)
+
+
 def _stats_by_positions_fused(src: LogitsSource, valid: Tensor, toks, groups: Tensor, n_groups: int,
                               positions: Tensor, positions_host: Tensor, inv_temp: float, chunk_size: int,
                               out: dict) -> bool:
-    """The fused JS path: per block one kernel for the sums (writing e) and one for Σ x log x."""
+    """The fused JS path: per block one kernel for the sums and one for JS straight from the
+    logits (exp recomputed, P̄ formed in registers: nothing of size V is written)."""
     batch, vocab, device = src.batch, src.vocab, src.device
     n_pos, k = positions.numel(), batch // n_groups
     act = valid[:, positions].T.contiguous()  # [P, B]
     count = act.to(torch.float32).view(n_pos, n_groups, k).sum(-1)  # [P, G]
     mean_weight = act / count.clamp(min=1)[:, groups]  # [P, B]; 0 when inactive
-    per_block = _block_rows(chunk_size, batch, vocab, _fused.JS_FLOATS)  # scratch: e, B rows per position
-    e_buf = torch.empty((per_block * batch, vocab), dtype=torch.float32, device=device)
+    per_block = _block_rows(chunk_size, batch, vocab, _fused.JS_FLOATS)
     conv = (torch.empty((per_block * batch, vocab), dtype=torch.float32, device=device)
             if _fused.needs_conversion(src.dtype, device) else None)
     sums = _Sums((n_pos, batch), device, toks is not None)
-    neg_h = torch.empty((n_pos, batch + n_groups), dtype=torch.float32, device=device)
+    js = torch.empty((n_pos, batch), dtype=torch.float32, device=device)
     toks_pos = toks[:, positions].T if toks is not None else None
     for start in range(0, n_pos, per_block):
         blk = slice(start, start + per_block)
-        t_pos = positions[blk]
-        c = t_pos.numel()
-        e = e_buf[: c * batch].view(c, batch, vocab)
-        z = src.block(t_pos, positions_host[blk])  # [c, B, V]
-        if not sums.fill_fused(blk, z, inv_temp, toks_pos[blk] if toks is not None else None, e_out=e, conv=conv):
+        c = positions[blk].numel()
+        z = _as_float32(src.block(positions[blk], positions_host[blk]), conv)  # [c, B, V]
+        if not sums.fill_fused(blk, z, inv_temp, toks_pos[blk] if toks is not None else None):
             return False
-        inv_s1 = sums.s1[blk].reciprocal().masked_fill_(~act[blk], 0.0)
-        got = _fused.js(e.view(c, n_groups, k, vocab), inv_s1.view(c, n_groups, k),
-                        (mean_weight[blk] * inv_s1).view(c, n_groups, k))
+        view = lambda x: x.view(c, n_groups, k)  # noqa: E731
+        s1 = sums.s1[blk].masked_fill(~act[blk], 1.0)  # inactive rows: weight 0, no garbage in 1/Σe
+        got = _fused.js(z.view(c, n_groups, k, vocab), view(sums.max[blk]), inv_temp, view(s1),
+                        view(mean_weight[blk] / s1))
         if got is None:
             return False
-        neg_h[blk, :batch], neg_h[blk, batch:] = got[0].view(c, batch), got[1]
-    _finish_js(sums, act, neg_h, count, groups, positions, out)
+        js[blk] = got.view(c, batch)
+    _write_positions(sums.finish(act), js, act, count, groups, positions, out)
     return True
 
 
