@@ -4,8 +4,9 @@ ICT JS to the group mean, and the reverse KL to a teacher (docs/algorithms.md §
 Everything heavy works on blocks of token rows in float32 scratch, so the extra memory stays
 bounded by `chunk_size × V × 4` bytes however large B·T is. Per block the logits are read twice
 (max, then shift-and-convert); exp is taken once and H, H2, top-1 and log p come from three row
-sums of the same exp. Where torch.compile works, each block's sums run as one compiled kernel
-(hooks/metrics/fused.py; these eager ops are the fallback). bench/metrics.py measures both
+sums of the same exp. Where torch.compile works, each block's sums run as one compiled kernel and
+JS as a second one over the same block, converting bf16/fp16 in registers and writing nothing of
+size V (hooks/metrics/fused.py; these eager ops are the fallback). bench/metrics.py measures both
 against the fastest chunked log_softmax + gather.
 """
 from __future__ import annotations
@@ -109,7 +110,7 @@ class _Sums:
         self.s1[index], self.sz[index], self.s2[index] = _row_sums(planes)
 
     def fill_fused(self, index, z: Tensor, inv_temp: float, tokens: Tensor | None) -> bool:
-        """The same from the compiled kernel (z float32, or any dtype on CUDA); False: use eager."""
+        """The same from the compiled kernel (z in any float dtype, converted in it); False: use eager."""
         m = z.amax(dim=-1)
         got = _fused.sums(z, m, inv_temp)
         if got is None:
@@ -192,10 +193,6 @@ def _stats_by_tokens(src: LogitsSource, valid: Tensor, toks, inv_temp: float, ch
     b_all, t_all = flat // src.time, flat % src.time
     rows = (_block_rows(chunk_size, 1, src.vocab, _fused.TOKEN_FLOATS) if use_fused
             else _block_rows(chunk_size, _STATS_ROWS, src.vocab))
-    conv = None
-    if use_fused and _fused.needs_conversion(src.dtype, src.device):
-        rows = _block_rows(chunk_size, 1, src.vocab, _fused.CONVERT_FLOATS)
-        conv = torch.empty((min(rows, n), src.vocab), dtype=torch.float32, device=src.device)
     buf = None if use_fused else torch.empty((3, min(rows, n), src.vocab), dtype=torch.float32, device=src.device)
     sums = _Sums((n,), src.device, toks is not None)
     tok_valid = toks[b_all, t_all] if toks is not None else None
@@ -204,7 +201,7 @@ def _stats_by_tokens(src: LogitsSource, valid: Tensor, toks, inv_temp: float, ch
         z = src.rows(flat[blk], flat_host[blk])
         tok_blk = tok_valid[blk] if toks is not None else None
         if use_fused:
-            if not sums.fill_fused(blk, _as_float32(z, conv), inv_temp, tok_blk):
+            if not sums.fill_fused(blk, z, inv_temp, tok_blk):
                 return False
             continue
         planes = buf[:, : flat[blk].numel()]
@@ -308,11 +305,6 @@ def _write_positions(stats: dict, js: Tensor, act: Tensor, count: Tensor, groups
             out[name][:, positions] = value.masked_fill(~act, 0.0).T
 
 
-def _as_float32(z: Tensor, conv: Tensor | None) -> Tensor:
-    """z itself, or (bf16/fp16 on the CPU) z converted into the reused float32 buffer conv."""
-    return z if conv is None else conv[: z[..., 0].numel()].view(z.shape).copy_(z)
-
-
 def _stats_by_positions_fused(src: LogitsSource, valid: Tensor, toks, groups: Tensor, n_groups: int,
                               positions: Tensor, positions_host: Tensor, inv_temp: float, chunk_size: int,
                               out: dict) -> bool:
@@ -324,15 +316,13 @@ def _stats_by_positions_fused(src: LogitsSource, valid: Tensor, toks, groups: Te
     count = act.to(torch.float32).view(n_pos, n_groups, k).sum(-1)  # [P, G]
     mean_weight = act / count.clamp(min=1)[:, groups]  # [P, B]; 0 when inactive
     per_block = _block_rows(chunk_size, batch, vocab, _fused.JS_FLOATS)
-    conv = (torch.empty((per_block * batch, vocab), dtype=torch.float32, device=device)
-            if _fused.needs_conversion(src.dtype, device) else None)
     sums = _Sums((n_pos, batch), device, toks is not None)
     js = torch.empty((n_pos, batch), dtype=torch.float32, device=device)
     toks_pos = toks[:, positions].T if toks is not None else None
     for start in range(0, n_pos, per_block):
         blk = slice(start, start + per_block)
         c = positions[blk].numel()
-        z = _as_float32(src.block(positions[blk], positions_host[blk]), conv)  # [c, B, V]
+        z = src.block(positions[blk], positions_host[blk])  # [c, B, V], any float dtype
         if not sums.fill_fused(blk, z, inv_temp, toks_pos[blk] if toks is not None else None):
             return False
         view = lambda x: x.view(c, n_groups, k)  # noqa: E731
