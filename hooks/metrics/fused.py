@@ -7,9 +7,9 @@ Per block of rows, after an eager max m (one cheap read, and the NaN/inf check):
            from the same e; nothing of size V is written.
   `js`     a second read of one position's whole group [G, k, V], after `sums`: e recomputed,
            ½P̄ = Σ_j ½w_j e_j (w_j = 1/(|A|·Σe_j), 0 for inactive rows) formed in registers, and
-           JS_i = Σ_v ½p_i log p_i + ½P̄ log P̄ − M_i log M_i summed per row (M_i = ½(p_i + P̄), log p_i
-           = s_i − log Σe_i exact): terms ≥ 0, so no cancellation between entropies of ~log V.
-exp is a degree-7 polynomial with a power-of-two scale (Cephes expf, rel. error < 1e-7), log a
+           Σ_v ½P̄ log P̄ − M_i log M_i summed per row (M_i = ½(p_i + P̄)); JS_i is that − ½H(p_i).
+exp is a degree-7 polynomial with a power-of-two scale (Cephes expf, rel. error < 1e-7; in `js`
+a degree-5 one, rel. error ~1e-6, as P̄ and M only scale its terms), log a
 degree-8 one after splitting off the exponent (rel. error < 4e-7): inductor's exp and log on the
 CPU are the accurate SLEEF ones (log: 2x slower), and every JS term needs a log. The kernels are
 compiled with fused multiply-adds (_OPTIONS). s is kept ≥ −87 (e ≥ 1.6e-38) by a select, so −inf
@@ -52,6 +52,17 @@ def _exp(s: Tensor) -> Tensor:
     return p * ((n.to(torch.int32) + 127) << 23).view(torch.float32)
 
 
+def _exp_fast(s: Tensor) -> Tensor:
+    """exp(s) for s in [−87, 0] with a degree-5 polynomial (ATen's exp_u20 coefficients, rel. error
+    ~1e-6): for JS, whose terms it only scales."""
+    n = torch.floor(s * _LOG2E + 0.5)
+    r = s - n * 0.693359375 + n * 2.12194440e-4
+    p = r * 0.00828929059 + 0.0418978221
+    for c in (0.166676521, 0.499991506, 0.999999701):
+        p = p * r + c
+    return (p * r + 1.0) * ((n.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
 def _shifted(z: Tensor, m: Tensor, inv_temp: float) -> Tensor:
     """s = (z − m)/temp, at least _EXP_MIN; a select, not a clamp: NaN (padding garbage) becomes
     _EXP_MIN too, and the select is cheaper than a NaN-propagating max."""
@@ -80,45 +91,36 @@ def _log(x: Tensor) -> Tensor:
     return (r2 * (r * p - 0.5) + nf * _LN2_LO) + r + nf * _LN2_HI
 
 
-def _js(z: Tensor, scale: Tensor, shift: Tensor, half_inv_s1: Tensor, neg_log_s1: Tensor, half_w: Tensor) -> Tensor:
-    """JS(p_i‖P̄) per row from the logits z [c, G, k, V] of one position's groups. Per row [c, G, k]:
-    s = z·scale + shift (scale = 1/temp, shift = −m/temp), ½/Σe, −log Σe and ½w (w: the row's weight
-    in P̄, 1/(|A|·Σe), 0 when inactive), all computed outside so the loop only loads them.
+def _js(z: Tensor, scale: Tensor, shift: Tensor, half_inv_s1: Tensor, half_w: Tensor) -> Tensor:
+    """Σ_v ½P̄ log P̄ − M_i log M_i (M_i = ½(p_i + P̄)) per row from the logits z [c, G, k, V] of one
+    position's groups; JS_i is this minus ½H(p_i), which the caller has from `sums`. Per row
+    [c, G, k]: s = z·scale + shift (scale = 1/temp, shift = −m/temp), ½/Σe and ½w (w: the row's
+    weight in P̄, 1/(|A|·Σe), 0 when inactive), computed outside so the loop only loads them.
 
-    JS = Σ_v ½p log p + ½P̄ log P̄ − M log M (M = ½(p + P̄)), a sum of terms ≥ 0, with log p = s − log Σe
-    exact. Written out per row (k is fixed per trace): e is recomputed from z (nothing of size V
-    is written) and P̄ and the k sums share one loop over V. Garbage (NaN/inf) in an inactive row
+    Written out per row (k is fixed per trace): e is recomputed from z (nothing of size V is
+    written) and ½P̄ and the k sums share one loop over V. Garbage (NaN/inf) in an inactive row
     becomes s = _EXP_MIN, so weight 0 keeps it out of P̄ without a select."""
     k = z.shape[2]
-    half_mean, half_ps, log_ps = None, [], []
+    half_mean, half_ps = None, []
     for j in range(k):
         s = z[:, :, j, :].to(torch.float32) * scale[:, :, j:j + 1] + shift[:, :, j:j + 1]
-        s = torch.where(s > _EXP_MIN, s, _EXP_MIN)
-        e = _exp(s)
+        e = _exp_fast(torch.where(s > _EXP_MIN, s, _EXP_MIN))
         half_ps.append(e * half_inv_s1[:, :, j:j + 1])
-        log_ps.append(s + neg_log_s1[:, :, j:j + 1])
         term = e * half_w[:, :, j:j + 1]
         half_mean = term if half_mean is None else half_mean + term
     # ½P̄ log P̄ = ½P̄ (log ½P̄ + log 2), the same for every row of the group: summed once
     shared = (half_mean * (_log(half_mean) + _LN2)).sum(-1, keepdim=True)
-    rows = []
-    for i in range(k):
-        mix = half_ps[i] + half_mean
-        rows.append((half_ps[i] * log_ps[i] - mix * _log(mix)).sum(-1))
+    rows = [-((half_ps[i] + half_mean) * _log(half_ps[i] + half_mean)).sum(-1) for i in range(k)]
     return torch.stack(rows, -1) + shared
 
 
-def _js_wide(z: Tensor, scale: Tensor, shift: Tensor, half_inv_s1: Tensor, neg_log_s1: Tensor,
-             half_w: Tensor) -> Tensor:
+def _js_wide(z: Tensor, scale: Tensor, shift: Tensor, half_inv_s1: Tensor, half_w: Tensor) -> Tensor:
     """_js for large groups (k > MAX_UNROLLED): ½P̄ as a reduction over k, then the sums."""
     s = z.to(torch.float32) * scale.unsqueeze(-1) + shift.unsqueeze(-1)
-    s = torch.where(s > _EXP_MIN, s, _EXP_MIN)
-    e = _exp(s)
+    e = _exp_fast(torch.where(s > _EXP_MIN, s, _EXP_MIN))
     half_mean = (e * half_w.unsqueeze(-1)).sum(2, keepdim=True)
-    half_p = e * half_inv_s1.unsqueeze(-1)
-    mix = half_p + half_mean
-    shared = (half_mean * (_log(half_mean) + _LN2)).sum(-1)
-    return (half_p * (s + neg_log_s1.unsqueeze(-1)) - mix * _log(mix)).sum(-1) + shared
+    mix = e * half_inv_s1.unsqueeze(-1) + half_mean
+    return (half_mean * (_log(half_mean) + _LN2)).sum(-1) - (mix * _log(mix)).sum(-1)
 
 
 MAX_UNROLLED = 16
@@ -201,10 +203,10 @@ def sums(z: Tensor, m: Tensor, inv_temp: float):
 
 
 def js(z: Tensor, m: Tensor, inv_temp: float, s1: Tensor, w: Tensor):
-    """JS(p_i‖P̄) [c, G, k] from the logits z [c, G, k, V] of c positions, their row max m and Σe s1,
-    and w (each row's weight in P̄, 0 when inactive), all [c, G, k]; None: use eager."""
+    """JS(p_i‖P̄) + ½H(p_i) [c, G, k] from the logits z [c, G, k, V] of c positions, their row max m
+    and Σe s1, and w (each row's weight in P̄, 0 when inactive), all [c, G, k]; None: use eager."""
     m = m.to(torch.float32)
-    args = (z, torch.full_like(m, inv_temp), m * -inv_temp, 0.5 / s1, -s1.log(), 0.5 * w)
+    args = (z, torch.full_like(m, inv_temp), m * -inv_temp, 0.5 / s1, 0.5 * w)
     if z.shape[2] > MAX_UNROLLED:
         return _KERNELS.call("js_wide", _js_wide, _key("js_wide", z), *args)
     return _KERNELS.call("js", _js, _key("js", z) + (z.shape[2],), *args)

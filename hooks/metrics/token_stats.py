@@ -308,7 +308,7 @@ def _write_positions(stats: dict, js: Tensor, act: Tensor, count: Tensor, groups
 def _stats_by_positions_fused(src: LogitsSource, valid: Tensor, toks, groups: Tensor, n_groups: int,
                               positions: Tensor, positions_host: Tensor, inv_temp: float, chunk_size: int,
                               out: dict) -> bool:
-    """The fused JS path: per block one kernel for the sums and one for JS straight from the
+    """The fused JS path: per block one kernel for the sums and one for JS + ½H straight from the
     logits (exp recomputed, P̄ formed in registers: nothing of size V is written)."""
     batch, vocab, device = src.batch, src.vocab, src.device
     n_pos, k = positions.numel(), batch // n_groups
@@ -332,7 +332,8 @@ def _stats_by_positions_fused(src: LogitsSource, valid: Tensor, toks, groups: Te
         if got is None:
             return False
         js[blk] = got.view(c, batch)
-    _write_positions(sums.finish(act), js, act, count, groups, positions, out)
+    stats = sums.finish(act)
+    _write_positions(stats, js - 0.5 * stats["entropy"], act, count, groups, positions, out)
     return True
 
 
