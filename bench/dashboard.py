@@ -144,7 +144,7 @@ def measure(db: str, repeats: int, pages: bool) -> dict:
             lambda i: render_step(reader, LONG_RUN, newest, None, metrics[i % 2], None, None,
                                   newest=newest), repeats)
         out["tokens_history"] = p95_ms(
-            lambda i: prompt_history(reader, LONG_RUN, "12+35=", metrics[i % 2], newest=newest),
+            lambda i: prompt_history(reader, LONG_RUN, "12+35=", metrics[i % 2]),
             max(3, repeats // 4))
         out["tokens_history"]["steps_read"] = len(history_steps(reader, LONG_RUN))
         out["run_page_draw_http"] = dash_http(create_dash(reader), LONG_RUN, max(3, repeats // 2))

@@ -68,3 +68,34 @@ def test_history_steps_spread_over_the_run(store):
         assert got == expect and got[0] == first and got[-1] == last and len(got) <= 24
     assert history_steps(store.reader, "one", 24) == [7]
     assert history_steps(store.reader, "none", 24) == []
+
+
+def test_prompt_history_is_one_read_equal_to_per_step_reads(tmp_path):
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+
+    from forksight.dashboard.pages.tokens import prompt_history
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from seed import LONG_RUN, seed
+
+    db = str(tmp_path / "h.duckdb")
+    seed(db, steps=90, runs=1, token_rows_per_step=1024, progress=False)   # 16 samples, 4 prompts
+    with Store(db) as store:
+        reader = store.reader
+        for prompt, metric in (("47+26=", "entropy"), (None, "js"), ("no such prompt", "logp")):
+            got, mine = prompt_history(reader, LONG_RUN, prompt, metric)
+            steps = history_steps(reader, LONG_RUN)
+            parts = []
+            for step in steps:                  # the slow way: every step's rows, filtered here
+                tokens = reader.read_tokens(LONG_RUN, step)
+                if mine:
+                    samples = reader.read_samples(LONG_RUN, step=step)
+                    tokens = tokens[tokens.sample_id.isin(samples.sample_id[samples.prompt == prompt])]
+                parts.append(tokens[["step", "pos", metric]])
+            expect = pd.concat(parts, ignore_index=True)
+            assert mine == (prompt == "47+26=")          # an unknown prompt: every rollout
+            assert len(got) == len(expect) > 0 and got.step.nunique() == len(steps)
+            pd.testing.assert_frame_equal(got, expect, check_dtype=False)

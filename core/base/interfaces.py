@@ -84,6 +84,9 @@ class Reader(Protocol):
 
     def spread_token_steps(self, run_id: str, n: int) -> list[int]: ...
 
+    def read_token_history(self, run_id: str, steps: Sequence[int], metric: str,
+                           prompt: str | None = None, per_step: int = 20_000) -> "pd.DataFrame": ...
+
     def read_tokens(self, run_id: str, step: int, sample_id: int | None = None,
                     limit: int = MAX_READ_TOKEN_ROWS) -> "pd.DataFrame": ...
 

@@ -117,33 +117,21 @@ def history_steps(reader: Reader, run_id: str, max_steps: int = HISTORY_STEPS) -
 
 
 def prompt_history(reader: Reader, run_id: str, prompt: str | None, metric: str,
-                   max_steps: int = HISTORY_STEPS, cache: LRU | None = None,
-                   all_steps: list[int] | None = None, newest: int | None = None
+                   max_steps: int = HISTORY_STEPS, all_steps: list[int] | None = None
                    ) -> tuple[pd.DataFrame, bool]:
     """Token rows (step, pos, metric) of this prompt's rollouts over up to max_steps token steps
     spread over the run (`all_steps`: the run's token steps to pick them from, else
-    history_steps reads them), and whether they are this prompt's (False: every sampled
-    rollout: the prompt is unknown or recurs at fewer than MIN_PROMPT_STEPS steps)."""
+    history_steps reads them), in one read, and whether they are this prompt's (False: every
+    sampled rollout: the prompt is unknown or recurs at fewer than MIN_PROMPT_STEPS steps)."""
     steps = history_steps(reader, run_id, max_steps) if all_steps is None else \
         [all_steps[i] for i in downsample_indices(len(all_steps), max_steps)]
-    newest = newest if newest is not None else (steps[-1] if steps else None)
-    parts, matched = [], 0
-    for step in steps:
-        tokens, samples = _step_rows(reader, run_id, int(step), cache, newest=newest)
-        if tokens.empty:
-            continue
-        if prompt and not samples.empty:
-            ids = samples.loc[samples["prompt"] == prompt, "sample_id"]
-            tokens = tokens[tokens["sample_id"].isin(ids)]
-            matched += int(not tokens.empty)
-        parts.append(tokens[["step", "pos", metric]])
-    if prompt and matched < MIN_PROMPT_STEPS:
-        return prompt_history(reader, run_id, None, metric, max_steps, cache, steps, newest)
-    rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
-        {"step": [], "pos": [], metric: []})
-    return rows, bool(prompt)
-
-
+    if steps and prompt:
+        rows = reader.read_token_history(run_id, steps, metric, prompt)
+        if rows["step"].nunique() >= MIN_PROMPT_STEPS:
+            return rows.reset_index(drop=True), True
+    if not steps:
+        return pd.DataFrame({"step": [], "pos": [], metric: []}), False
+    return reader.read_token_history(run_id, steps, metric).reset_index(drop=True), False
 
 
 MARKS = 8               # labelled steps under the slider
@@ -289,12 +277,11 @@ def register(app: dash.Dash) -> None:
                   State("tok-run", "value"))
     def history(prompt, metric, span, run_id):
         shown_run, last = _span(span)
-        if not run_id or last is None or shown_run != run_id:
+        if not run_id or last is None or shown_run != run_id or metric not in METRICS:
             return position_step_heatmap(None)
         app_state = data.current()
         rows, mine = prompt_history(app_state.reader, run_id,
-                                    prompt if isinstance(prompt, str) and prompt else None, metric,
-                                    cache=app_state.token_rows, newest=last)
+                                    prompt if isinstance(prompt, str) and prompt else None, metric)
         which = "this prompt's rollouts" if mine else "every sampled rollout"
         return position_step_heatmap(rows, _scale(app_state, run_id, metric),
                                      title=f"{METRICS[metric]} by position across training "

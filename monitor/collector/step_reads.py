@@ -20,6 +20,26 @@ class TokenStepReads:
         return [int(r[0]) for r in self._fetch("SELECT step FROM token_steps WHERE run_id = ? "
                                                "ORDER BY step LIMIT ?", [run_id, max(0, int(n))])]
 
+    def read_token_history(self, run_id: str, steps: Sequence[int], metric: str,
+                           prompt: str | None = None, per_step: int = 20_000):
+        """(step, pos, metric) token rows of several steps in one read, at most per_step rows a
+        step (ordered by rank, sample, position); prompt: only the rollouts of that prompt (its
+        samples' ids, per step). The tokens page's position × step heatmap."""
+        from forksight.base.tables import TOKENS
+
+        if metric not in TOKENS.names or metric in ("run_id", "step", "pos", "token"):
+            raise ValueError(f"metric must be a token statistic column, got {metric!r}")
+        steps = [int(s) for s in steps]
+        mine = "" if prompt is None else """ SEMI JOIN (
+            SELECT step, sample_id FROM samples WHERE run_id = ? AND prompt = ?
+              AND step IN (SELECT unnest(?::BIGINT[]))) USING (step, sample_id)"""
+        return self._query(f"""
+            SELECT step, pos, {metric} FROM tokens{mine}
+            WHERE run_id = ? AND step IN (SELECT unnest(?::BIGINT[]))
+            QUALIFY row_number() OVER (PARTITION BY step ORDER BY rank, sample_id, pos) <= ?
+            ORDER BY step, rank, sample_id, pos""",
+            [*([] if prompt is None else [run_id, prompt, steps]), run_id, steps, max(1, int(per_step))])
+
     def nearest_token_steps(self, run_id: str, wanted: Sequence[int]) -> list[int | None]:
         """For each wanted step, the token step nearest it (the earlier one on a tie); None when
         the run has no token steps. One top-1 pass over the run's index rows per wanted step
