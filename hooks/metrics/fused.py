@@ -123,6 +123,17 @@ def _js_wide(z: Tensor, scale: Tensor, shift: Tensor, half_inv_s1: Tensor, half_
     return (half_mean * (_log(half_mean) + _LN2)).sum(-1) - (mix * _log(mix)).sum(-1)
 
 
+def _position(z: Tensor, inv_temp: float, w_norm: Tensor) -> tuple[Tensor, ...]:
+    """One call per block of positions z [c, G, k, V]: the row max m, `sums` and `js` (w_norm: each
+    row's share of P̄, 1/|A| or 0 when inactive, [c, G, k]); the small steps between them are traced
+    into the same graph instead of costing an eager op each."""
+    m = z.amax(-1).to(torch.float32)
+    s1, sz, s2 = _sums(z, m, inv_temp)
+    half_inv_s1 = 0.5 / s1  # Σe ≥ 1, even for garbage rows (their s are all −87 but one)
+    kernel = _js if z.shape[2] <= MAX_UNROLLED else _js_wide
+    return m, s1, sz, s2, kernel(z, torch.full_like(m, inv_temp), m * -inv_temp, half_inv_s1, w_norm * half_inv_s1)
+
+
 MAX_UNROLLED = 16
 # a·b + c as one fused multiply-add in the C++ kernels (inductor compiles with -ffp-contract=off by
 # default): the polynomials above are chains of them; measured 20% faster, and no less accurate
@@ -202,11 +213,7 @@ def sums(z: Tensor, m: Tensor, inv_temp: float):
     return _KERNELS.call("sums", _sums, _key("sums", z), z, m.to(torch.float32), inv_temp)
 
 
-def js(z: Tensor, m: Tensor, inv_temp: float, s1: Tensor, w: Tensor):
-    """JS(p_i‖P̄) + ½H(p_i) [c, G, k] from the logits z [c, G, k, V] of c positions, their row max m
-    and Σe s1, and w (each row's weight in P̄, 0 when inactive), all [c, G, k]; None: use eager."""
-    m = m.to(torch.float32)
-    args = (z, torch.full_like(m, inv_temp), m * -inv_temp, 0.5 / s1, 0.5 * w)
-    if z.shape[2] > MAX_UNROLLED:
-        return _KERNELS.call("js_wide", _js_wide, _key("js_wide", z), *args)
-    return _KERNELS.call("js", _js, _key("js", z) + (z.shape[2],), *args)
+def position(z: Tensor, inv_temp: float, w_norm: Tensor):
+    """(m, Σe, Σe·s, Σe², JS + ½H) per row [c, G, k] of the logits z [c, G, k, V] of c positions, for
+    rows weighing w_norm [c, G, k] in their group's mean; None: use eager."""
+    return _KERNELS.call("position", _position, _key("position", z) + (z.shape[2],), z, inv_temp, w_norm)

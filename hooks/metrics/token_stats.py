@@ -115,12 +115,16 @@ class _Sums:
         got = _fused.sums(z, m, inv_temp)
         if got is None:
             return False
+        self.fill_sums(index, z, m, got, inv_temp, tokens)
+        return True
+
+    def fill_sums(self, index, z: Tensor, m: Tensor, got, inv_temp: float, tokens: Tensor | None) -> None:
+        """Takes the row max m and (Σe, Σe·s, Σe²) of a block of logits z, from a compiled kernel."""
         self.max[index] = m
         self.s1[index], self.sz[index], self.s2[index] = got
         if tokens is not None:
             z_y = z.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
             self.s_y[index] = (z_y.to(torch.float32) - m.to(torch.float32)) * inv_temp
-        return True
 
     def finish(self, active: Tensor) -> dict[str, Tensor | None]:
         _raise_nonfinite(self.max, active)
@@ -308,8 +312,9 @@ def _write_positions(stats: dict, js: Tensor, act: Tensor, count: Tensor, groups
 def _stats_by_positions_fused(src: LogitsSource, valid: Tensor, toks, groups: Tensor, n_groups: int,
                               positions: Tensor, positions_host: Tensor, inv_temp: float, chunk_size: int,
                               out: dict) -> bool:
-    """The fused JS path: per block one kernel for the sums and one for JS + ½H straight from the
-    logits (exp recomputed, P̄ formed in registers: nothing of size V is written)."""
+    """The fused JS path: per block one compiled call (fused.position) for the max, the sums and
+    JS + ½H straight from the logits (exp recomputed, P̄ formed in registers: nothing of size V is
+    written)."""
     batch, vocab, device = src.batch, src.vocab, src.device
     n_pos, k = positions.numel(), batch // n_groups
     act = valid[:, positions].T.contiguous()  # [P, B]
@@ -323,15 +328,12 @@ def _stats_by_positions_fused(src: LogitsSource, valid: Tensor, toks, groups: Te
         blk = slice(start, start + per_block)
         c = positions[blk].numel()
         z = src.block(positions[blk], positions_host[blk])  # [c, B, V], any float dtype
-        if not sums.fill_fused(blk, z, inv_temp, toks_pos[blk] if toks is not None else None):
-            return False
-        view = lambda x: x.view(c, n_groups, k)  # noqa: E731
-        s1 = sums.s1[blk].masked_fill(~act[blk], 1.0)  # inactive rows: weight 0, no garbage in 1/Σe
-        got = _fused.js(z.view(c, n_groups, k, vocab), view(sums.max[blk]), inv_temp, view(s1),
-                        view(mean_weight[blk] / s1))
+        got = _fused.position(z.view(c, n_groups, k, vocab), inv_temp, mean_weight[blk].view(c, n_groups, k))
         if got is None:
             return False
-        js[blk] = got.view(c, batch)
+        m, s1, sz, s2, js_half_h = (x.view(c, batch) for x in got)
+        sums.fill_sums(blk, z, m, (s1, sz, s2), inv_temp, toks_pos[blk] if toks is not None else None)
+        js[blk] = js_half_h
     stats = sums.finish(act)
     _write_positions(stats, js - 0.5 * stats["entropy"], act, count, groups, positions, out)
     return True
