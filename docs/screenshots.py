@@ -33,10 +33,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def fresh_demo(db: Path, steps: int) -> None:
+def fresh_demo(db: Path, steps: int | None) -> None:
     """`forksight demo` to the end of its runs, into `db`."""
     cmd = [sys.executable, "-m", "forksight", "demo", "--db", str(db), "--port",
-           str(free_port()), "--steps", str(steps), "--exit-when-done"]
+           str(free_port()), "--exit-when-done"] + (["--steps", str(steps)] if steps else [])
     print("running:", " ".join(cmd), flush=True)
     started = time.monotonic()
     subprocess.run(cmd, check=True)
@@ -115,7 +115,7 @@ def shoot(url: str, out: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", type=Path, help="shoot this DuckDB file instead of a fresh demo")
-    parser.add_argument("--steps", type=int, default=100, help="demo steps per run")
+    parser.add_argument("--steps", type=int, default=None, help="demo steps per run (default: the preset's)")
     parser.add_argument("--out", type=Path, default=HERE / "screenshots", help="output folder")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

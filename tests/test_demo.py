@@ -25,7 +25,7 @@ def _free_port() -> int:
 def test_demo_trains_three_strategies_live_and_alerts_on_the_collapsing_one(tmp_path):
     db = tmp_path / "demo.duckdb"
     port = _free_port()
-    argv = [sys.executable, "-m", "forksight", "demo", "--db", str(db), "--port", str(port),
+    argv = [sys.executable, "-m", "forksight", "demo", "--preset", "collapse", "--db", str(db), "--port", str(port),
             "--steps", "45", "--exit-when-done", "--duration", "400"]
     env = dict(os.environ, FORKSIGHT_URL=f"http://127.0.0.1:{port}")
     proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
@@ -77,7 +77,7 @@ def test_ctrl_c_stops_the_demo_cleanly_and_loses_no_stored_step(tmp_path):
 
     db = tmp_path / "demo.duckdb"
     port = _free_port()
-    argv = [sys.executable, "-m", "forksight", "demo", "--db", str(db), "--port", str(port),
+    argv = [sys.executable, "-m", "forksight", "demo", "--preset", "collapse", "--db", str(db), "--port", str(port),
             "--steps", "100000"]
     proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)

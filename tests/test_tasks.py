@@ -129,3 +129,40 @@ def test_the_tiny_tokenizer_writes_steps_as_whole_words_and_single_digits(tiny):
     assert " carry" in pieces and " answer" in pieces
     assert all(len(p) == 1 for p in pieces if any(ch.isdigit() for ch in p))   # one token per digit
     assert "".join(pieces) == text
+
+
+def test_graded_steps_score_each_character_of_the_worked_solution_in_place():
+    from forksight.trainer.tasks import StepsTask
+
+    task = StepsTask(graded=True)
+    target = task.write(27, 82)                   # " 7+2=9, 2+8=10 carry 1, answer 109": 34 chars
+    p = Problem(prompt="27+82:", answer="109", target=target)
+    n = len(target.strip())
+    assert n == 33
+    assert task.verify(p, target) == (1.0, True)
+    # one wrong step digit: 32 of 33 characters in place, and the answer still right
+    assert task.verify(p, " 7+2=8, 2+8=10 carry 1, answer 109") == (32 / 33, True)
+    # a wrong answer digit: also 32/33, but not correct (pass@k counts answers, not the grade)
+    assert task.verify(p, " 7+2=9, 2+8=10 carry 1, answer 108") == (32 / 33, False)
+    # a longer completion is scored against its own length: 33 in place of 37 characters
+    assert task.verify(p, target + " and") == (33 / 37, False)
+    assert task.verify(p, "") == (0.0, False)
+    # ungraded, the answer alone decides
+    assert StepsTask().verify(p, " 7+2=8, 2+8=10 carry 1, answer 109") == (1.0, True)
+
+
+def test_a_problem_pool_draws_only_its_own_problems_and_verifies_as_the_task_does():
+    from forksight.trainer.tasks import ProblemPool, StepsTask
+
+    base = StepsTask()
+    pool = ProblemPool(base, 4, seed=3)
+    rng = random.Random(0)
+    drawn = {pool.sample(rng) for _ in range(400)}
+    assert drawn == set(pool.problems) and len(pool.problems) == 4      # all four, nothing else
+    assert [p.prompt for p in ProblemPool(base, 4, seed=3).problems] == [p.prompt for p in pool.problems]
+    assert [p.prompt for p in ProblemPool(base, 4, seed=4).problems] != [p.prompt for p in pool.problems]
+    p = pool.problems[0]
+    assert pool.verify(p, p.target) == base.verify(p, p.target) == (1.0, True)
+    assert pool.name == "steps2x4"
+    with pytest.raises(ValueError, match="at least one"):
+        ProblemPool(base, 0)

@@ -22,7 +22,7 @@ from forksight.trainer.config import TrainConfig
 from forksight.trainer.model import build_tiny, load
 from forksight.trainer.rollout import generate, head_is_plain
 from forksight.trainer.step import Context, train_step
-from forksight.trainer.tasks import Task, held_out, make_task
+from forksight.trainer.tasks import ProblemPool, Task, held_out, make_task
 
 
 @dataclass
@@ -107,12 +107,15 @@ def setup(config: TrainConfig, sink: Sink | None = None, *, model=None, tokenize
         torch.cuda.set_device(device)  # NCCL collectives use the current device
     rank, world = _dist(device)
     dtype = getattr(torch, config.dtype)
-    task = make_task(config.task, level=config.level, reverse=config.reverse, path=config.task_path)
-    if model is None:
+    task = make_task(config.task, level=config.level, reverse=config.reverse, path=config.task_path,
+                     graded=config.graded)
+    if model is None:    # the warm-up learns the whole task, never only the RL pool
         policy_path, teacher_path = resolve_models(config, task, rank, world)
         model, tokenizer = load(policy_path, dtype=dtype)
     else:
         policy_path, teacher_path = "(given)", config.teacher
+    if config.problem_pool:
+        task = ProblemPool(task, config.problem_pool, config.seed)
     model.to(device)
     torch.manual_seed(config.seed)  # identical initial weights are given; this seeds the rest
     model.train()

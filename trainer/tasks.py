@@ -241,9 +241,13 @@ _ANSWER = re.compile(r"answer (-?\d+)\s*$")
 
 @dataclass
 class StepsTask:
-    """`a+b:` → the column sum step by step, then `answer N`; reward 1 if N = a+b, else 0."""
+    """`a+b:` → the column sum step by step, then `answer N`; correct if N = a+b. The reward is
+    1/0 on that or, `graded`, the fraction of the reference's characters the completion writes
+    in place: a dense reward that wants the worked steps right too (a right answer after wrong
+    steps scores less), and whose optimum is one string per prompt."""
 
     digits: int = 2
+    graded: bool = False
     name: str = "steps"
     max_new_tokens: int = 40  # two digits: at most 37 tokens and EOS
     # the supervised warm-up that reaches sampled pass@1 0.3 fastest on the tiny model (measured:
@@ -274,14 +278,19 @@ class StepsTask:
         return " " + ", ".join(steps) + f", answer {a + b}"
 
     def verify(self, problem: Problem, completion: str) -> tuple[float, bool]:
-        found = _ANSWER.search(_clean(completion))
+        text = _clean(completion)
+        found = _ANSWER.search(text)
         ok = bool(found) and found.group(1) == problem.answer
-        return float(ok), ok
+        if not self.graded:
+            return float(ok), ok
+        want = problem.target.strip()
+        return sum(w == g for w, g in zip(want, text)) / max(len(want), len(text)), ok
 
 
-def make_task(name: str, *, level: int = 1, reverse: bool = True, path: str | None = None) -> Task:
-    """Task by name: arith, steps (level 1: two digits, else three), countdown, jsonl (needs
-    path), collapse."""
+def make_task(name: str, *, level: int = 1, reverse: bool = True, path: str | None = None,
+              graded: bool = False) -> Task:
+    """Task by name: arith, steps (level 1: two digits, else three; `graded`: partial credit per
+    character of the worked solution), countdown, jsonl (needs path), collapse."""
     if name == "arith":
         return ArithmeticTask(level=level, reverse=reverse)
     if name == "countdown":
@@ -293,8 +302,35 @@ def make_task(name: str, *, level: int = 1, reverse: bool = True, path: str | No
     if name == "collapse":
         return CollapseTask()
     if name == "steps":
-        return StepsTask(digits=2 if level == 1 else 3)
+        return StepsTask(digits=2 if level == 1 else 3, graded=graded)
     raise ValueError(f"unknown task {name!r}: choose arith, steps, countdown, jsonl or collapse")
+
+
+@dataclass
+class ProblemPool:
+    """A task restricted to `size` problems drawn once from `seed`: few-shot RLVR (Wang et al.
+    2025, "Reinforcement Learning for Reasoning in Large Language Models with One Training
+    Example"). The policy can learn each problem's answer, so it sharpens, and can collapse,
+    within a short run; verification is the task's own."""
+
+    task: Task
+    size: int
+    seed: int = 0
+    name: str = ""
+    problems: list[Problem] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"a problem pool needs at least one problem, got {self.size}")
+        rng = random.Random(f"pool-{self.seed}")
+        self.problems = [self.task.sample(rng) for _ in range(self.size)]
+        self.name = f"{self.task.name}x{self.size}"
+
+    def sample(self, rng: random.Random) -> Problem:
+        return rng.choice(self.problems)
+
+    def verify(self, problem: Problem, completion: str) -> tuple[float, bool]:
+        return self.task.verify(problem, completion)
 
 
 def held_out(task: Task, n: int, seed: int) -> list[Problem]:

@@ -3,12 +3,12 @@ on 127.0.0.1:8050, prepares the tiny model once, then trains `all` (plain GRPO),
 side by side with one task, seed and learning rate — three processes streaming to one
 collector — printing one status line per run until the runs end or Ctrl-C.
 
-The default preset is `collapse`: a reward whose optimum is one fixed string at a high learning
-rate. Plain GRPO collapses first (the warning ~15 steps before entropy is gone); training only
-fork tokens or ICT tokens holds out longer under the very same settings — the contrast the
-papers report, live. `--preset readable` shows readable reasoning instead: the tiny model,
-warm-started on addition worked in words and digits, with its fork tokens on the digits it has
-to compute (it holds at the learning rate that preset uses: no collapse to watch there).
+The default preset is `readable`: the tiny model, warm-started (cached) on addition worked in
+words and digits, trained on four problems with a graded reward whose optimum is the one worked
+solution. Completions read as worked sums with fork tokens on the digits the model computes;
+plain GRPO collapses first (the forecast comes ~175 steps ahead), fork-token training holds out
+longer under the very same settings, and ICT training does not collapse. `--preset collapse` is
+the 45-second version on a random-init model (byte noise for text).
 """
 from __future__ import annotations
 
@@ -33,12 +33,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--db", default=DEMO_DB, help="DuckDB file of the demo.")
     parser.add_argument("--host", default="127.0.0.1", help="Collector address (loopback).")
     parser.add_argument("--port", type=int, default=8050, help="Collector port.")
-    parser.add_argument("--preset", default="collapse",
-                        help="Trainer preset every run starts from: collapse (default; plain GRPO "
-                             "collapses first, fork/ict hold longer) or readable (addition worked in "
-                             "words and digits by the warm-started tiny model: fork tokens on the digits "
-                             "it must compute); see `forksight train --help`.")
-    parser.add_argument("--steps", type=int, default=100, help="RL steps per run.")
+    parser.add_argument("--preset", default="readable",
+                        help="Trainer preset every run starts from: readable (default; addition "
+                             "worked in words and digits by the warm-started tiny model, fork tokens "
+                             "on the digits it computes, plain GRPO collapses first) or collapse "
+                             "(45 s, a random-init model: byte noise for text); see `forksight train --help`.")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="RL steps per run (default: the preset's; readable 300, collapse 100).")
     parser.add_argument("--strategies", default="all,fork,ict",
                         help="Comma-separated strategies to train side by side.")
     parser.add_argument("--seed", type=int, default=0, help="One seed for every run.")
@@ -56,8 +57,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _train_argv(strategy: str, args: argparse.Namespace, url: str) -> list[str]:
     argv = [sys.executable, "-m", "forksight", "train", "--preset", args.preset,
-            "--strategy", strategy, "--steps", str(args.steps), "--seed", str(args.seed),
+            "--strategy", strategy, "--seed", str(args.seed),
             "--url", url, "--run", f"demo-{strategy}", "--no-progress"]
+    if args.steps is not None:
+        argv += ["--steps", str(args.steps)]
     extra: dict[str, str] = {}
     for item in args.train_arg:
         key, _, value = item.partition("=")
@@ -96,7 +99,8 @@ def _prepare_models(args: argparse.Namespace) -> None:
     from forksight.trainer.tasks import make_task
 
     config = load_config(None, args.preset, {"seed": args.seed})
-    task = make_task(config.task, level=config.level, reverse=config.reverse, path=config.task_path)
+    task = make_task(config.task, level=config.level, reverse=config.reverse, path=config.task_path,
+                     graded=config.graded)
     print("forksight demo: preparing the tiny model and its warm-up (cached after the first run)")
     resolve_models(config, task, 0, 1)
 
