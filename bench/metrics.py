@@ -162,6 +162,7 @@ def measure(shape, dtype_name: str, args) -> dict:
         "floor": {"chunk": int(floor_name[len("floor_c"):]), "median_ms": round(median[floor_name] * 1e3, 1),
                   "min_ms": round(fastest[floor_name] * 1e3, 1)},
         "fused_path": fused_kernels.failure() is None and shape[0] * shape[1] * shape[2] >= fused_kernels.FUSED_MIN_ELEMENTS,
+        "kernels_run": fused_kernels.kernels_run(),  # the compiled kernels that ran, by name
         "ratio_to_floor": ratios,
         "ratio_of_mins": {k: round(v / fastest[floor_name], 3) for k, v in fastest.items()},
         "median_ms": {k: round(v * 1e3, 1) for k, v in median.items()},

@@ -315,6 +315,9 @@ def test_fused_path_matches_float64_reference_and_the_eager_path(dtype):
         names = ("entropy", "renyi2", "top1", "logp") + (("js",) if groups else ())
         for name in names:
             torch.testing.assert_close(getattr(fused, name), getattr(eager, name), atol=2e-5, rtol=0)
+    from forksight.hooks.metrics import fused as fused_kernels
+
+    assert {"sums", "position"} <= set(fused_kernels.kernels_run())  # the compiled kernels did run
 
 
 def test_fused_js_of_a_large_group_matches_the_reference():

@@ -204,6 +204,11 @@ def failure() -> str | None:
     return _KERNELS.failed
 
 
+def kernels_run() -> list[str]:
+    """The compiled kernels that have run in this process (bench/metrics.py reports them)."""
+    return sorted({key[0] for key in _KERNELS.proven})
+
+
 def _key(name: str, z: Tensor) -> tuple:
     return (name, z.device.type, z.dtype, z.dim())
 
