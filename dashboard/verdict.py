@@ -7,9 +7,15 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from forksight.monitor.alerts.config import StagnationConfig
+
 COLLAPSE, EXPLOSION, STAGNATION, NON_FINITE = ("entropy_collapse", "entropy_explosion",
                                                "stagnation", "non_finite")
 RECENT_STEPS = 50     # an alert this many steps old still describes the run
+# the stagnation detector warns once and not again within its cooldown (200 steps by default)
+# while the reward stays flat: its warning describes the run for that long (a run whose reward
+# fell away after its one stagnation warning is not healthy 50 steps later)
+STAGNATION_HOLD_STEPS = max(RECENT_STEPS, StagnationConfig().cooldown)
 ENTROPY_KEY = "entropy/mean"
 # worst first: the chip shows the worst state that holds
 STATES = ("collapsed", "exploding", "collapsing", "stagnating", "healthy", "waiting")
@@ -64,7 +70,7 @@ def verdict(alerts: Iterable[Mapping], latest: Mapping[str, float], last_step: i
     - exploding: an entropy_explosion or non_finite alert within RECENT_STEPS of the last step;
     - collapsing: a collapse warning within RECENT_STEPS, or older while entropy is still at or
       below the level that raised it; its forecast step when it made one;
-    - stagnating: a stagnation alert within RECENT_STEPS;
+    - stagnating: a stagnation alert within STAGNATION_HOLD_STEPS (the detector's cooldown);
     - healthy otherwise (waiting before the first step)."""
     if last_step is None:
         return Verdict("waiting", why="no step logged yet")
@@ -96,7 +102,8 @@ def verdict(alerts: Iterable[Mapping], latest: Mapping[str, float], last_step: i
             return Verdict("collapsing", _step(a), forecast, why=(
                 f"collapse warned at step {_step(a)}"
                 + (f", forecast to reach the floor at step {forecast}" if forecast else "")))
-    stalled = [a for a in recent if a.get("detector") == STAGNATION]
+    stalled = [a for a in rows if a.get("detector") == STAGNATION
+               and _step(a) >= last_step - STAGNATION_HOLD_STEPS]
     if stalled:
         return Verdict("stagnating", _step(stalled[-1]),
                        why=f"reward stopped improving (step {_step(stalled[-1])})")

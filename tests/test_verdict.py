@@ -74,3 +74,17 @@ def test_verdicts_of_runs_splits_the_frame_by_run():
     out = verdicts_of_runs(frame, {"a": {"entropy/mean": 0.01}}, {"a": 9, "b": 9, "c": None})
     assert {k: v.state for k, v in out.items()} == {"a": "collapsed", "b": "stagnating",
                                                     "c": "waiting"}
+
+
+def test_a_stagnation_warning_holds_for_the_detectors_cooldown():
+    from forksight.dashboard.verdict import STAGNATION_HOLD_STEPS
+    from forksight.monitor.alerts.config import StagnationConfig
+
+    # the detector cannot warn again within its cooldown, so its one warning stands that long
+    assert STAGNATION_HOLD_STEPS == StagnationConfig().cooldown == 200
+    stall = alert("stagnation", "warning", 122, -0.0656, 0.02)
+    # the demo's ICT run: stagnation at 122, an old explosion warning at 225, last step 300
+    boom = alert("entropy_explosion", "warning", 225, 0.31, 0.29)
+    v = verdict([stall, boom], {"entropy/mean": 0.1}, 300)
+    assert (v.state, v.step) == ("stagnating", 122)
+    assert verdict([stall], {"entropy/mean": 0.1}, 122 + 200 + 1).state == "healthy"
