@@ -1,5 +1,5 @@
-"""The demo's default preset from one seed and learning rate, measured the way the README states
-it: plain GRPO (`all`) collapses within the demo's steps (raw entropy under 10% of its first five
+"""The `collapse` preset (`forksight demo --preset collapse`) from one seed and learning rate,
+measured the way the README states it: plain GRPO (`all`) collapses within the demo's steps (raw entropy under 10% of its first five
 steps' mean), `fork` and `ict` hold longer, and the collapse warning (the same AlertMonitor the
 collector runs) comes at least 10 steps before the unsmoothed collapse."""
 from __future__ import annotations
