@@ -286,12 +286,15 @@ def passk_figure(scalars: pd.DataFrame, *, alerts: pd.DataFrame | None = None,
         panels[gap_key(keys)] = (gap, "x", "y2")
     layers = alert_layers(alerts, panels, x_axis)
     data += layers["data"]
-    layout = base_layout("Reward and pass@k; below, the diversity gap", height=390,
+    # pass@1…pass@G, reward, gap and alert entries wrap the legend to two rows: room above the plot
+    layout = base_layout("Reward and pass@k; below, the diversity gap", height=420,
                          x_axis=x_axis, uirevision=uirevision, shapes=layers["shapes"],
+                         margin={"t": 84},
                          annotations=layers["annotations"],
                          yaxis={"domain": [0.36, 1.0], "title": {"text": "reward / pass@k"}},
                          yaxis2={"domain": [0.0, 0.28], "anchor": "x", "rangemode": "tozero",
                                  "title": {"text": "gap"}})
+    layout["title"].update(y=0.985, yanchor="top")      # the title on top, the legend rows below it
     return {"data": data, "layout": layout}
 
 

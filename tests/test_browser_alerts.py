@@ -192,6 +192,11 @@ def test_threshold_labels_do_not_overlap_and_ticks_are_readable(served, page):
         .data.filter(t => t.meta && /^pass@/.test(t.meta.key))
         .map(t => [t.meta.key, t.line.color])"""))
     assert len(colours) >= 2 and len(set(colours.values())) == len(colours)   # one hue per k
+    # the reward chart's legend (reward, pass@1…pass@G, gap, alerts: two rows) stays below its title
+    title, legend = (page.evaluate("""s => { const r = document.querySelector(s)
+        .getBoundingClientRect(); return [r.top, r.bottom]; }""", f"#run-passk {part}")
+        for part in (".gtitle", ".legend"))
+    assert title[1] <= legend[0] + 1, (title, legend)
     page.click("#run-logy input")
     page.wait_for_function("""() => document.querySelector('#run-entropy .js-plotly-plot')
         .layout.yaxis.type === 'log'""", timeout=20_000)
