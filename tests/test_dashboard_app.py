@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from collector_util import InProcessCollector
+from layout_util import find_props
 
 
 def _dash_call(url: str, outputs: list[str], inputs: list[dict]) -> dict:
@@ -53,21 +54,7 @@ def test_two_dashboards_in_one_process_each_show_their_own_runs(tmp_path):
                 # a page layout (built per request, from Dash's process-wide page registry)
                 layout = _dash_call(srv.url, ["_pages_content.children", "_pages_store.data"],
                                     page)
-                assert {o["value"] for o in _find(layout, "tok-run")["options"]} == want
-
-
-def _find(tree, component_id: str) -> dict:
-    """The props of the component with this id in a serialised Dash layout."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if node.get("props", {}).get("id") == component_id:
-                return node["props"]
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    raise AssertionError(f"no component {component_id!r} in the layout")
+                assert {o["value"] for o in find_props(layout, "tok-run")["options"]} == want
 
 
 def counting_reader(store):

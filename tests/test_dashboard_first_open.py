@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from collector_util import InProcessCollector
+from layout_util import find_props
 
 STEPS = 6
 
@@ -38,41 +39,28 @@ def _layout(srv, referer: str | None) -> dict:
     return response.json()
 
 
-def _find(tree, component_id: str) -> dict | None:
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if node.get("props", {}).get("id") == component_id:
-                return node["props"]
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return None
-
-
 def test_the_opened_run_page_and_its_charts_come_with_the_first_layout(served):
     srv, ids = served
     url = f"{srv.url}/run?run={ids[1]}"
     layout = _layout(srv, url)
     # the Location already holds the URL the browser has: it reports no change, the router stays quiet
-    location = _find(layout, "_pages_location")
+    location = find_props(layout, "_pages_location")
     assert (location["pathname"], location["search"], location["href"]) == ("/run", f"?run={ids[1]}", url)
-    state = _find(layout, "run-state")["data"]
+    state = find_props(layout, "run-state")["data"]
     assert (state["run_id"], state["last_step"]) == (ids[1], STEPS - 1)
-    traces = _find(layout, "run-entropy")["figure"]["data"]
+    traces = find_props(layout, "run-entropy")["figure"]["data"]
     assert max(max(t["x"]) for t in traces if t.get("x")) == STEPS - 1
-    assert _find(layout, "run-select")["value"] == ids[1]
+    assert find_props(layout, "run-select")["value"] == ids[1]
 
 
 def test_compare_and_alerts_pages_come_drawn_with_the_first_layout(served):
     srv, ids = served
     layout = _layout(srv, f"{srv.url}/compare?runs={ids[0]},{ids[2]}")
-    lines = [t for t in _find(layout, "cmp-figure")["figure"]["data"] if t.get("x")]
+    lines = [t for t in find_props(layout, "cmp-figure")["figure"]["data"] if t.get("x")]
     assert {t.get("legendgroup") for t in lines} == {ids[0], ids[2]}
     assert max(max(t["x"]) for t in lines) == STEPS - 1
-    assert _find(layout, "cmp-runs")["value"] == [ids[0], ids[2]]
-    count = _find(_layout(srv, f"{srv.url}/alerts"), "alerts-count")
+    assert find_props(layout, "cmp-runs")["value"] == [ids[0], ids[2]]
+    count = find_props(_layout(srv, f"{srv.url}/alerts"), "alerts-count")
     assert count["children"] == "0 alerts, newest first"
 
 
@@ -80,8 +68,8 @@ def test_compare_and_alerts_pages_come_drawn_with_the_first_layout(served):
 def test_without_the_pages_own_url_the_router_fills_the_page_as_dash_does(served, referer):
     srv, _ = served
     layout = _layout(srv, referer.format(url=srv.url) if referer else None)
-    assert _find(layout, "_pages_content").get("children") is None
-    assert _find(layout, "run-entropy") is None
+    assert find_props(layout, "_pages_content").get("children") is None
+    assert find_props(layout, "run-entropy") is None
 
 
 def test_a_run_picker_holds_the_newest_runs_and_the_picked_one_and_searches_every_run(tmp_path):
