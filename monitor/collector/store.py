@@ -95,22 +95,24 @@ def insert_arrow(cur, table: str, data: pa.Table, run_id: str | None = None) -> 
     cur.unregister("_forksight_in")
 
 
+def _add_to_index(cur, table: str, column: str, run_id: str, values: pa.Array) -> None:
+    """Insert (run_id, value) for each distinct value into an index table; known pairs are skipped."""
+    view = f"_forksight_{table}"
+    cur.register(view, pa.table({column: pc.unique(values)}))
+    try:
+        cur.execute(f"INSERT OR IGNORE INTO {table} SELECT ?::VARCHAR, {column} FROM {view}", [run_id])
+    finally:
+        cur.unregister(view)
+
+
 def add_token_steps(cur, run_id: str, steps: pa.Array) -> None:
     """Record that these steps hold token rows of the run (already known ones are skipped)."""
-    cur.register("_forksight_steps", pa.table({"step": pc.unique(steps)}))
-    try:
-        cur.execute("INSERT OR IGNORE INTO token_steps SELECT ?::VARCHAR, step FROM _forksight_steps", [run_id])
-    finally:
-        cur.unregister("_forksight_steps")
+    _add_to_index(cur, "token_steps", "step", run_id, steps)
 
 
 def add_scalar_keys(cur, run_id: str, keys: pa.Array) -> None:
     """Record the run's scalar keys (already known ones are skipped)."""
-    cur.register("_forksight_keys", pa.table({"key": pc.unique(keys)}))
-    try:
-        cur.execute("INSERT OR IGNORE INTO scalar_keys SELECT ?::VARCHAR, key FROM _forksight_keys", [run_id])
-    finally:
-        cur.unregister("_forksight_keys")
+    _add_to_index(cur, "scalar_keys", "key", run_id, keys)
 
 
 class Store(StoreHealth):
