@@ -8,29 +8,20 @@ import numpy as np
 import pytest
 
 from forksight.monitor.alerts.hub import AlertMonitor
-from forksight.monitor.sinks.client import NullSink
 from forksight.trainer.config import load_config
 from forksight.trainer.loop import train
 from forksight.trainer.model import TinySpec
+from trainer_util import Scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 STEPS = 75
-
-
-class Scalars(NullSink):
-    def __init__(self):
-        super().__init__("collapse")
-        self.rows: dict[int, dict] = {}
-
-    def log_scalars(self, step, values, weight=None):
-        self.rows.setdefault(step, {}).update(values)
 
 
 def measure(strategy: str, out_dir) -> tuple[int | None, int | None]:
     """(first step whose raw entropy is under 10% of the first five steps' mean, first collapse warning)."""
     config = load_config(None, "collapse", {"strategy": strategy, "steps": STEPS, "progress": False,
                                             "token_groups": 0, "out_dir": str(out_dir)})
-    sink = Scalars()
+    sink = Scalars("collapse")
     train(config, sink=sink)
     steps = sorted(sink.rows)
     h = np.array([sink.rows[s]["entropy/mean"] for s in steps])

@@ -8,29 +8,20 @@ from __future__ import annotations
 import pytest
 
 from forksight.monitor.alerts.hub import AlertMonitor
-from forksight.monitor.sinks.client import NullSink
 from forksight.trainer.config import load_config
 from forksight.trainer.loop import train
 from forksight.trainer.model import TinySpec
+from trainer_util import Scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 STEPS = 260          # the preset runs 300; measured on this machine: all collapses at 222, fork at 277
-
-
-class Scalars(NullSink):
-    def __init__(self):
-        super().__init__("readable")
-        self.rows: dict[int, dict] = {}
-
-    def log_scalars(self, step, values, weight=None):
-        self.rows.setdefault(step, {}).update(values)
 
 
 def measure(strategy: str, out_dir) -> dict:
     """The first collapse warning, the critical collapse and the first raw step under its floor."""
     config = load_config(None, "readable", {"strategy": strategy, "steps": STEPS, "progress": False,
                                             "token_groups": 0, "out_dir": str(out_dir)})
-    sink = Scalars()
+    sink = Scalars("readable")
     train(config, sink=sink)
     monitor = AlertMonitor(vocab_size=TinySpec().bpe_vocab_size)   # the log|V| the collector gets
     out: dict = {"warning": None, "critical": None, "floor": None, "raw_under": None}
