@@ -18,6 +18,10 @@ from forksight.dashboard.figures import by_key, ema_debiased, series, steps_x, x
 from forksight.dashboard.run_figures import bin_labels, histogram_matrix, median_labels
 
 GROWING_ROLES = ("raw", "smooth", "heatmap", "median")
+# How often an open run or tokens page asks for new steps: a step shows within one tick (plus
+# the tick's read), so 500 ms keeps ingest -> visible under 1 s; a tick with nothing new costs
+# one small statement (Reader.run_progress, token_step_span).
+TICK_MS = 500
 
 
 def trace_plan(figure: Any) -> list[dict]:

@@ -174,6 +174,9 @@ class _Reader:
     def read_alerts(self, run_id):
         return self.alerts
 
+    def run_progress(self, run_id):
+        return 79, len(self.alerts)
+
 
 def test_a_new_alert_redraws_the_run_page_so_its_lines_appear():
     old = frame(alert(20, "covariance", "cov/logp_adv", 0.016, 0.0))

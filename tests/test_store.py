@@ -187,6 +187,9 @@ def test_local_sink_gets_alerts_from_the_hub_and_stops_on_critical(tmp_path):
             stopped_at = step
     stored = sink.reader.read_alerts("collapse")
     assert len(stored) == len(sink.alerts) > 0
+    # what a live page polls: the last scalar step and the alert count, as the full reads say
+    assert sink.reader.run_progress("collapse") == (59, len(stored))
+    assert sink.reader.run_progress("no-such-run") == (-1, 0)
     assert stored.detector.tolist() == [a["detector"] for a in sink.alerts]
     critical = [a["step"] for a in sink.alerts if a["severity"] == "critical"]
     # a step is judged once the next one arrives (all its scalars are in by then)
@@ -317,6 +320,8 @@ def test_runs_row_keeps_the_last_step_of_its_scalars_and_old_files_get_it_on_ope
 
     assert by_sql() == {a: 9, b: 0}
     assert (kept[a], kept[b]) == (9, 0) and pd.isna(kept[empty])
+    with Store(db) as store:
+        assert [store.reader.run_progress(r) for r in (a, b, empty)] == [(9, 0), (0, 0), (-1, 0)]
     conn = duckdb.connect(db)  # a file written before the column existed
     conn.execute("ALTER TABLE runs DROP COLUMN last_step")
     conn.close()

@@ -1,6 +1,6 @@
 """Run page, live: entropy (band, Rényi-2, JS, reference lines, alerts, forecast), the entropy
 distribution heatmap, reward/pass@k/gap, training signals and any other scalar. New steps
-arrive as Patches every second; the whole page redraws only when a control changes."""
+arrive as Patches twice a second (live.TICK_MS); the whole page redraws only when a control changes."""
 from __future__ import annotations
 
 import dash
@@ -10,10 +10,10 @@ from forksight.base.interfaces import Reader
 from forksight.dashboard import data
 from forksight.dashboard.alerts_view import verdict_chip
 from forksight.dashboard.figures import empty_figure, with_focus
+from forksight.dashboard.live import TICK_MS
 from forksight.dashboard.run_options import run_options, searchable
 from forksight.dashboard.run_view import Controls, draw_run, status_line, tick_run
 
-TICK_MS = 1000
 GRAPHS = ("entropy", "heatmap", "passk", "signals", "custom")
 _CONFIG = {"displaylogo": False, "responsive": True}
 START = Controls()      # the controls as a page opens (the layout's first draw uses them)

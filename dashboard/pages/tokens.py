@@ -12,6 +12,7 @@ from forksight.base.interfaces import Reader
 from forksight.dashboard import data
 from forksight.dashboard.data import LRU
 from forksight.dashboard.figures import downsample_indices
+from forksight.dashboard.live import TICK_MS
 from forksight.dashboard.run_options import run_options, searchable
 from forksight.dashboard.run_view import vocab_size
 from forksight.dashboard.token_figures import (EARLY_STEPS, METRICS, TokenScale,
@@ -19,7 +20,6 @@ from forksight.dashboard.token_figures import (EARLY_STEPS, METRICS, TokenScale,
 from forksight.dashboard.tokens_view import legend, pick_sample, sample_label, token_spans
 
 HISTORY_STEPS = 24      # columns of the position × step heatmap (one read per step, cached)
-TICK_MS = 1000          # how often an open page looks for new steps (as the run page does)
 
 
 def _step_rows(reader: Reader, run_id: str, step: int, cache: LRU | None = None,

@@ -327,6 +327,13 @@ class Reader(RunsPageReads, TokenStepReads):
             sql, params = sql + " AND step >= ?", params + [int(since_step)]
         return self._query(sql + " ORDER BY run_id, step, wall_time", params)
 
+    def run_progress(self, run_id: str) -> tuple[int, int]:
+        """(last scalar step, alert count) of a run, (-1, 0) before its first: what a live page
+        compares with what it drew, in one small statement, before reading anything else."""
+        rows = self._fetch("SELECT coalesce((SELECT last_step FROM runs WHERE run_id = ?), -1), "
+                           "(SELECT count(*) FROM alerts WHERE run_id = ?)", [run_id, run_id])
+        return int(rows[0][0]), int(rows[0][1])
+
     def read_alerts_page(self, *, run_ids: Sequence[str] = (), severities: Sequence[str] = (),
                          detectors: Sequence[str] = (), limit: int = 100, offset: int = 0
                          ) -> tuple[pd.DataFrame, int]:
