@@ -13,6 +13,7 @@ from forksight.dashboard.figures import empty_figure, with_focus
 from forksight.dashboard.live import TICK_MS
 from forksight.dashboard.run_options import run_options, searchable
 from forksight.dashboard.run_view import Controls, draw_run, status_line, tick_run
+from forksight.dashboard.wire import wire_figure
 
 GRAPHS = ("entropy", "heatmap", "passk", "signals", "custom")
 _CONFIG = {"displaylogo": False, "responsive": True}
@@ -96,7 +97,8 @@ def drawn(run_id: str, controls: Controls, focus: int | None) -> dict:
     app_state = data.current()
     out = draw_run(app_state.reader, run_id, controls, app_state.run_frames,
                    dash.get_relative_path("/"))
-    return {"figures": {g: with_focus(out["figures"][g], focus, controls.x_axis) for g in GRAPHS},
+    return {"figures": {g: wire_figure(with_focus(out["figures"][g], focus, controls.x_axis))
+                        for g in GRAPHS},
             "state": out["state"], "banner": out["banner"],
             "status": status_line(out["run"], out["state"]), "other_keys": out["other_keys"],
             "health": verdict_chip(out["verdict"], id="run-verdict")}
@@ -145,7 +147,7 @@ def register(app: dash.Dash) -> None:
         out = tick_run(reader, state, ctl, prefix)
         if out["redraw"]:                       # a new forecast or the first step: redraw once
             full = draw_run(reader, state["run_id"], ctl, app_state.run_frames, prefix)
-            return (*[with_focus(full["figures"][g], focus, x_axis) for g in GRAPHS],
+            return (*[wire_figure(with_focus(full["figures"][g], focus, x_axis)) for g in GRAPHS],
                     full["state"], full["banner"], status_line(full["run"], full["state"]),
                     verdict_chip(full["verdict"], id="run-verdict"))
         chip = no_update if out["verdict"] is None else verdict_chip(out["verdict"],
