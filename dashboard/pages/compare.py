@@ -11,6 +11,7 @@ from forksight.dashboard.alerts_view import read_verdicts, verdict_chip
 from forksight.dashboard.compare_figures import COMPARE_PANELS, GAP, compare_figure
 from forksight.dashboard.figures import pass_keys
 from forksight.dashboard.run_options import run_options, searchable
+from forksight.dashboard.wire import wire_figure
 
 REFRESH_MS = 5000
 MAX_RUNS = 12
@@ -59,7 +60,7 @@ def overlay(reader, run_ids, smoothing, panels, log_y, x_axis) -> tuple[dict, li
     names = {rid: runs[rid]["name"] for rid in ids}
     chips = [html.Span([html.Strong(names.get(rid, rid)), " ", verdict_chip(verdicts[rid])],
                        className="verdict-item") for rid in ids if rid in verdicts]
-    return fig, chips
+    return wire_figure(fig), chips          # redrawn whole every REFRESH_MS: ship it light
 
 
 def layout(runs: str | None = None, **_query) -> html.Div:
