@@ -167,6 +167,20 @@ def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None 
             "verdict": run_verdict(alerts, h, last)}
 
 
+def heatmap_kept(previous: dict | None, state: dict) -> dict | None:
+    """A redraw's state with the heatmap's plan as the page already holds it, when that heatmap
+    is current: same run, no histogram stored since, and none of the controls it reads changed
+    (the x axis and the points bound; not the smoothing, log y or other scalars). The page then
+    keeps it and the answer leaves out a third of its bytes. None: send the heatmap again."""
+    old = previous or {}
+    if old.get("run_id") != state["run_id"] or "heatmap" not in old.get("plans", {}) \
+            or old.get("last_hist_step", -1) != state["last_hist_step"] \
+            or state["last_hist_step"] < 0 \
+            or list(old.get("controls", [])[1:3]) != list(state["controls"][1:3]):
+        return None
+    return {**state, "plans": {**state["plans"], "heatmap": old["plans"]["heatmap"]}}
+
+
 def tick_run(reader: Reader, state: dict, controls: Controls, prefix: str = "/") -> dict:
     """Patches for the steps ingested since the state's last step (figures map to None
     when unchanged), the advanced state, and a new banner and verdict when alerts arrived."""

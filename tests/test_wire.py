@@ -1,5 +1,6 @@
 """Figures on the wire (dashboard/wire.py): what Dash's serialiser sends for a wired figure holds
-the same chart as the exact one, to the digits the hover shows, in short numbers."""
+the same chart as the exact one, to the digits the hover shows, in short numbers; and a run-page
+redraw leaves out the heatmap when only controls it does not read changed."""
 from __future__ import annotations
 
 import json
@@ -76,3 +77,47 @@ def test_wall_time_axes_and_empty_figures_pass_unchanged():
     assert wire_figure({"data": [walls], "layout": {}})["data"][0]["x"] == walls["x"]
     empty = F.empty_figure("nothing yet")
     assert wire_figure(empty) == empty
+
+
+def _draw_call(client, dep, values: dict) -> dict:
+    """The run page's draw callback through Dash's endpoint (Flask test client): its outputs."""
+    fill = (lambda specs: [{**x, "value": values.get(f"{x['id']}.{x['property']}")} for x in specs])
+    outputs = [dict(zip(("id", "property"), o.rsplit(".", 1)))
+               for o in dep["output"].strip(".").split("...")]
+    changed = [k for k in values if k != "run-state.data"]
+    response = client.post("/_dash-update-component", json={
+        "output": dep["output"], "outputs": outputs, "changedPropIds": changed[-1:],
+        "inputs": fill(dep["inputs"]), "state": fill(dep["state"])})
+    assert response.status_code == 200, response.data[:500]
+    return response.get_json()["response"]
+
+
+def test_a_redraw_for_the_smoothing_leaves_out_a_current_heatmap_only(tmp_path):
+    from forksight.dashboard.app import create_dash
+    from forksight.monitor.collector.store import Store
+    from synthetic import seed_run, write_steps
+
+    with Store(str(tmp_path / "r.duckdb")) as store:
+        run_id = seed_run(store, "r", 12, steps_total=40, seed=3)
+        client = create_dash(store.reader).server.test_client()
+        client.get("/")
+        dep = next(d for d in client.get("/_dash-dependencies").get_json()
+                   if "run-heatmap.figure" in d["output"] and d["inputs"][0]["id"] == "run-select")
+        values = {"run-select.value": run_id, "run-smoothing.value": 0.6, "run-xaxis.value": "step",
+                  "run-logy.value": [], "run-points.value": 1000, "run-custom-keys.value": []}
+        first = _draw_call(client, dep, values)
+        assert first["run-heatmap"]["figure"]["data"][0]["x"] == list(range(12))
+        s1 = first["run-state"]["data"]
+        for changed in ({"run-smoothing.value": 0.3}, {"run-logy.value": ["log"]},
+                        {"run-custom-keys.value": ["loss"]}):
+            kept = _draw_call(client, dep, {**values, **changed, "run-state.data": s1})
+            assert "run-heatmap" not in kept and "run-entropy" in kept       # left as drawn
+            assert kept["run-state"]["data"]["plans"]["heatmap"] == s1["plans"]["heatmap"]
+        # steps stored since the page's last tick: the heatmap is sent again, all of it
+        write_steps(store, run_id, range(12, 15), 40, np.random.default_rng(4))
+        grown = _draw_call(client, dep, {**values, "run-smoothing.value": 0.3, "run-state.data": s1})
+        assert grown["run-heatmap"]["figure"]["data"][0]["x"] == list(range(15))
+        s2 = grown["run-state"]["data"]
+        for changed in ({"run-xaxis.value": "wall"}, {"run-points.value": 500},
+                        {"run-select.value": seed_run(store, "other", 5, seed=5)}):
+            assert "run-heatmap" in _draw_call(client, dep, {**values, **changed, "run-state.data": s2})

@@ -12,7 +12,7 @@ from forksight.dashboard.alerts_view import verdict_chip
 from forksight.dashboard.figures import empty_figure, with_focus
 from forksight.dashboard.live import TICK_MS
 from forksight.dashboard.run_options import run_options, searchable
-from forksight.dashboard.run_view import Controls, draw_run, status_line, tick_run
+from forksight.dashboard.run_view import Controls, draw_run, heatmap_kept, status_line, tick_run
 from forksight.dashboard.wire import wire_figure
 
 GRAPHS = ("entropy", "heatmap", "passk", "signals", "custom")
@@ -118,14 +118,18 @@ def register(app: dash.Dash) -> None:
                   Output("run-status", "children"), Output("run-custom-keys", "options"),
                   Output("run-health", "children"), Output("run-charts", "style"),
                   Input("run-select", "value"), *controls, State("run-focus", "data"),
-                  prevent_initial_call=True)
-    def draw(run_id, smoothing, x_axis, log_y, points, custom, focus):
+                  State("run-state", "data"), prevent_initial_call=True)
+    def draw(run_id, smoothing, x_axis, log_y, points, custom, focus, previous):
         if not run_id:             # nothing picked: the notice above says why, no empty axes
             empty = empty_figure("", height=40)
             return (*[empty] * len(GRAPHS), None, [], "", [], None, {"display": "none"})
         out = drawn(run_id, Controls.from_inputs(smoothing, x_axis, log_y, points, custom), focus)
-        return (*[out["figures"][g] for g in GRAPHS], out["state"], out["banner"], out["status"],
-                out["other_keys"], out["health"], None)
+        figures, state = [out["figures"][g] for g in GRAPHS], out["state"]
+        kept = heatmap_kept(previous, state)
+        if kept is not None:       # e.g. the smoothing slider moved: the heatmap stays as drawn
+            figures[GRAPHS.index("heatmap")], state = no_update, kept
+        return (*figures, state, out["banner"], out["status"], out["other_keys"], out["health"],
+                None)
 
     @app.callback(*[Output(f"run-{g}", "figure", allow_duplicate=True) for g in GRAPHS],
                   Output("run-state", "data", allow_duplicate=True),
