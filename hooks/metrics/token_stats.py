@@ -118,12 +118,15 @@ class _Sums:
         self.fill_sums(index, z, m, got, inv_temp, tokens)
         return True
 
-    def fill_sums(self, index, z: Tensor, m: Tensor, got, inv_temp: float, tokens: Tensor | None) -> None:
-        """Takes the row max m and (Σe, Σe·s, Σe²) of a block of logits z, from a compiled kernel."""
+    def fill_sums(self, index, z: Tensor | None, m: Tensor, got, inv_temp: float, tokens: Tensor | None,
+                  z_y: Tensor | None = None) -> None:
+        """Takes the row max m and (Σe, Σe·s, Σe²) of a block of logits z, from a compiled kernel, and
+        the sampled tokens' logits z_y (gathered from z at tokens when not given)."""
         self.max[index] = m
         self.s1[index], self.sz[index], self.s2[index] = got
         if tokens is not None:
             z_y = z.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        if z_y is not None:
             self.s_y[index] = (z_y.to(torch.float32) - m.to(torch.float32)) * inv_temp
 
     def finish(self, active: Tensor) -> dict[str, Tensor | None]:
@@ -321,19 +324,20 @@ def _stats_by_positions_fused(src: LogitsSource, valid: Tensor, toks, groups: Te
     count = act.to(torch.float32).view(n_pos, n_groups, k).sum(-1)  # [P, G]
     mean_weight = act / count.clamp(min=1)[:, groups]  # [P, B]; 0 when inactive
     per_block = _block_rows(chunk_size, batch, vocab, _fused.JS_FLOATS)
-    sums = _Sums((n_pos, batch), device, toks is not None)
-    js = torch.empty((n_pos, batch), dtype=torch.float32, device=device)
     toks_pos = toks[:, positions].T if toks is not None else None
-    for start in range(0, n_pos, per_block):
+    parts = []  # per block: m, Σe, Σe·s, Σe², JS + ½H and the sampled token's logit, [c, B] each;
+    for start in range(0, n_pos, per_block):  # joined once at the end (one block is one position)
         blk = slice(start, start + per_block)
         c = positions[blk].numel()
         z = src.block(positions[blk], positions_host[blk])  # [c, B, V], any float dtype
         got = _fused.position(z.view(c, n_groups, k, vocab), inv_temp, mean_weight[blk].view(c, n_groups, k))
         if got is None:
             return False
-        m, s1, sz, s2, js_half_h = (x.view(c, batch) for x in got)
-        sums.fill_sums(blk, z, m, (s1, sz, s2), inv_temp, toks_pos[blk] if toks is not None else None)
-        js[blk] = js_half_h
+        z_y = z.gather(-1, toks_pos[blk].unsqueeze(-1)) if toks is not None else None
+        parts.append([x.reshape(c, batch) for x in got] + ([z_y.view(c, batch)] if toks is not None else []))
+    m, s1, sz, s2, js, *z_y = (torch.cat(column) for column in zip(*parts))
+    sums = _Sums((n_pos, batch), device, toks is not None)
+    sums.fill_sums(slice(None), None, m, (s1, sz, s2), inv_temp, None, z_y[0] if z_y else None)
     stats = sums.finish(act)
     _write_positions(stats, js - 0.5 * stats["entropy"], act, count, groups, positions, out)
     return True
