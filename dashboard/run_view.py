@@ -172,13 +172,14 @@ def heatmap_kept(previous: dict | None, state: dict) -> dict | None:
     is current: same run, no histogram stored since, and none of the controls it reads changed
     (the x axis and the points bound; not the smoothing, log y or other scalars). The page then
     keeps it and the answer leaves out a third of its bytes. None: send the heatmap again."""
-    old = previous or {}
-    if old.get("run_id") != state["run_id"] or "heatmap" not in old.get("plans", {}) \
+    old = previous if isinstance(previous, dict) else {}      # the browser's copy: any shape
+    plans, controls = old.get("plans"), old.get("controls")
+    if old.get("run_id") != state["run_id"] or not isinstance(plans, dict) \
+            or "heatmap" not in plans or not isinstance(controls, list) \
             or old.get("last_hist_step", -1) != state["last_hist_step"] \
-            or state["last_hist_step"] < 0 \
-            or list(old.get("controls", [])[1:3]) != list(state["controls"][1:3]):
+            or state["last_hist_step"] < 0 or controls[1:3] != list(state["controls"][1:3]):
         return None
-    return {**state, "plans": {**state["plans"], "heatmap": old["plans"]["heatmap"]}}
+    return {**state, "plans": {**state["plans"], "heatmap": plans["heatmap"]}}
 
 
 def tick_run(reader: Reader, state: dict, controls: Controls, prefix: str = "/") -> dict:

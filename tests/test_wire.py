@@ -121,3 +121,6 @@ def test_a_redraw_for_the_smoothing_leaves_out_a_current_heatmap_only(tmp_path):
         for changed in ({"run-xaxis.value": "wall"}, {"run-points.value": 500},
                         {"run-select.value": seed_run(store, "other", 5, seed=5)}):
             assert "run-heatmap" in _draw_call(client, dep, {**values, **changed, "run-state.data": s2})
+        # the page's state comes from the browser: any other shape is a full redraw, never a 500
+        for junk in ([1, 2], {**s2, "plans": [1]}, {**s2, "controls": 7}, {**s2, "plans": {}}):
+            assert "run-heatmap" in _draw_call(client, dep, {**values, "run-state.data": junk})
