@@ -19,9 +19,11 @@ from forksight.dashboard.run_figures import bin_labels, histogram_matrix, median
 
 GROWING_ROLES = ("raw", "smooth", "heatmap", "median")
 # How often an open run or tokens page asks for new steps: a step shows within one tick (plus
-# the tick's read), so 500 ms keeps ingest -> visible under 1 s; a tick with nothing new costs
-# one small statement (Reader.run_progress, token_step_span).
-TICK_MS = 500
+# the tick's read), so 750 ms keeps ingest -> visible under 1 s; a tick with nothing new costs
+# one small statement (Reader.run_progress, token_step_span). Not 500 ms or less: an open page
+# would then never be quiet for the 500 ms that browsers' "network idle" (Playwright's
+# networkidle, prerender and screenshot tools) waits for.
+TICK_MS = 750
 
 
 def trace_plan(figure: Any) -> list[dict]:

@@ -1,6 +1,6 @@
 """Run page, live: entropy (band, Rényi-2, JS, reference lines, alerts, forecast), the entropy
 distribution heatmap, reward/pass@k/gap, training signals and any other scalar. New steps
-arrive as Patches twice a second (live.TICK_MS); the whole page redraws only when a control changes."""
+arrive as Patches every 750 ms (live.TICK_MS); the whole page redraws only when a control changes."""
 from __future__ import annotations
 
 import dash
