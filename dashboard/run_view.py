@@ -187,7 +187,7 @@ def tick_run(reader: Reader, state: dict, controls: Controls, prefix: str = "/")
     when unchanged), the advanced state, and a new banner and verdict when alerts arrived."""
     run_id, last = state["run_id"], state["last_step"]
     if last >= 0 and reader.run_progress(run_id) == (last, state["alerts_seen"]):
-        # nothing new (the common tick, twice a second per open page): one small statement
+        # nothing new (the common tick, every live.TICK_MS per open page): one small statement
         return {"figures": dict.fromkeys(state["plans"]), "banner": None, "redraw": False,
                 "state": state, "verdict": None}
     if last < 0:                      # warming up: the first step's keys are not known yet

@@ -76,7 +76,10 @@ class Reader(RunsPageReads, TokenStepReads):
     def list_runs(self) -> pd.DataFrame:
         """All runs, newest first, with status derived from heartbeat age; a missing text
         (strategy, model, config) is None, never pandas' NaN (which reads as a float)."""
-        return self._runs("", [])
+        runs = self._query(*self._runs_sql("", []))
+        text = ["name", "project", "strategy", "model", "status", "config"]
+        runs[text] = runs[text].astype(object).where(runs[text].notna(), None)
+        return runs
 
     def _runs_sql(self, where: str, params: list) -> tuple[str, list]:
         # the one definition of a run's row: list_runs and run both read it
@@ -87,12 +90,6 @@ class Reader(RunsPageReads, TokenStepReads):
                    r.last_step,
                    r.config
             FROM runs r {where} ORDER BY r.created_at DESC, r.run_id""", [time.time() - self.stale_after, *params]
-
-    def _runs(self, where: str, params: list) -> pd.DataFrame:
-        runs = self._query(*self._runs_sql(where, params))
-        text = ["name", "project", "strategy", "model", "status", "config"]
-        runs[text] = runs[text].astype(object).where(runs[text].notna(), None)
-        return runs
 
     def run(self, run_id: str) -> dict | None:
         """One run's row as a dict (config parsed; a missing value None), or None: plain tuples,
