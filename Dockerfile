@@ -10,6 +10,9 @@ ENV PYTHONUNBUFFERED=1 \
     FORKSIGHT_HOME=/data/cache
 
 WORKDIR /app
+# a C++ compiler: token_stats builds its per-token kernels on first use (the C++ one, and
+# torch.compile's); without one it still runs, on the slower eager path, with a warning
+RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
 RUN pip install ${TORCH_PIP_ARGS} "${TORCH_SPEC}"
 COPY pyproject.toml README.md ./
 COPY core ./core

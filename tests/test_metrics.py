@@ -297,7 +297,10 @@ def _fused_case(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_path_matches_float64_reference_and_the_eager_path(dtype):
+@pytest.mark.parametrize("native", [True, False], ids=["C++ JS kernel", "compiled JS kernel"])
+def test_fused_path_matches_float64_reference_and_the_eager_path(dtype, native, monkeypatch):
+    if not native:
+        monkeypatch.setenv("FORKSIGHT_NATIVE", "0")
     z, mask, tokens = _fused_case(dtype)
     zz = z.to(torch.float64).numpy().copy()
     zz[~mask.numpy()] = 0.0
@@ -317,7 +320,7 @@ def test_fused_path_matches_float64_reference_and_the_eager_path(dtype):
             torch.testing.assert_close(getattr(fused, name), getattr(eager, name), atol=2e-5, rtol=0)
     from forksight.hooks.metrics import fused as fused_kernels
 
-    assert {"sums", "position"} <= set(fused_kernels.kernels_run())  # the compiled kernels did run
+    assert {"sums", "position (C++)" if native else "position"} <= set(fused_kernels.kernels_run())  # they ran
 
 
 def test_fused_js_of_a_large_group_matches_the_reference():
@@ -325,6 +328,68 @@ def test_fused_js_of_a_large_group_matches_the_reference():
     stats = token_stats(z, group_ids=[0] * 18, fused=True)
     ref = ref_stats(z.numpy())
     np.testing.assert_allclose(stats.js.numpy(), ref_js(ref["p"], np.ones((18, 3), bool), [0] * 18), atol=TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpp_kernel_matches_the_reference_on_ragged_vocabularies_groups_and_threads(dtype):
+    from forksight.hooks.metrics import fused as fused_kernels
+    from forksight.hooks.metrics import native
+
+    # V not a multiple of the 8 lanes; groups of 1, 5 and 16 rows (the most it unrolls)
+    for vocab, k in ((13, 5), (1001, 16), (4103, 1)):
+        z = random_logits((2 * k, 9, vocab), scale=5.0, seed=vocab).to(dtype)
+        mask = torch.rand(2 * k, 9, generator=torch.Generator().manual_seed(k)) > 0.25
+        z[~mask] = float("nan")  # garbage where rows are inactive
+        z[0, 0, : vocab // 2] = -float("inf")
+        groups = [0] * k + [1] * k
+        got = token_stats(z, mask=mask, group_ids=groups, temperature=1.3, fused=True)
+        zz = z.to(torch.float64).numpy().copy()
+        zz[~mask.numpy()] = 0.0
+        ref = ref_stats(zz, temperature=1.3)
+        for name in ("entropy", "renyi2", "top1"):
+            np.testing.assert_allclose(getattr(got, name).numpy(), ref[name] * mask.numpy(), atol=TOL, err_msg=name)
+        np.testing.assert_allclose(got.js.numpy(), ref_js(ref["p"], mask.numpy(), groups), atol=TOL)
+    assert "position (C++)" in fused_kernels.kernels_run()
+    # positions split across threads give the same bits as one thread
+    z = random_logits((6, 11, 777), seed=3).to(dtype).view(11, 2, 3, 777)
+    w = torch.full((11, 2, 3), 1 / 3)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = native.position(z, 1.0, w)
+        torch.set_num_threads(2)
+        two = native.position(z, 1.0, w)
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
+
+
+NATIVE_FALLBACK_CHILD = """
+import warnings, torch
+from forksight.hooks.metrics import fused, token_stats
+z = torch.randn(4, 3, 50)
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    got = token_stats(z, group_ids=[0, 0, 1, 1], fused=True)
+eager = token_stats(z, group_ids=[0, 0, 1, 1], fused=False)
+torch.testing.assert_close(got.js, eager.js, atol=2e-5, rtol=0)
+assert any("building the C++ per-token kernel failed" in str(w.message) for w in seen), [str(w.message) for w in seen]
+print(fused.kernels_run())
+"""
+
+
+def test_without_a_usable_extensions_dir_the_compiled_js_kernel_answers_with_a_warning(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "a-file"  # the build directory would have to live under a file: a real failure
+    blocker.write_text("")
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(blocker / "ext")}
+    out = subprocess.run([sys.executable, "-c", NATIVE_FALLBACK_CHILD], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "'position'" in out.stdout and "C++" not in out.stdout  # the compiled kernel took over
 
 
 FALLBACK_CHILD = """
@@ -351,7 +416,8 @@ def test_without_a_working_compiler_the_eager_path_answers_with_a_warning(tmp_pa
     import sys
 
     # a real failure: no C++ compiler where inductor looks for it, and no cached kernels to reuse
-    env = {**os.environ, "CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+           "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
     out = subprocess.run([sys.executable, "-c", FALLBACK_CHILD], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "refused: the fused per-token kernels cannot run here" in out.stdout

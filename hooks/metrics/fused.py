@@ -1,6 +1,8 @@
 """The fused path of token_stats: each block's sums in one compiled kernel (torch.compile: C++ on
 the CPU, Triton on CUDA), the eager path in token_stats.py being the fallback (docs:
-docs/algorithms.md §1, §3).
+docs/algorithms.md §1, §3). On the CPU `position` goes to the C++ kernel of native.py first
+(it keeps exp between the passes, which an inductor graph could not do any faster); the
+compiled `js` below is its fallback there and the path on CUDA.
 
 Per block of rows, after an eager max m (one cheap read, and the NaN/inf check):
   `sums`   one read of the logits: s = (z − m)/temp, e = exp(s), and Σe, Σe·s, Σe² accumulated
@@ -23,6 +25,8 @@ import warnings
 
 import torch
 from torch import Tensor
+
+from forksight.hooks.metrics import native
 
 _LOG2E = 1.4426950408889634
 _EXP_MIN = -87.0  # exp(−87) ≈ 1.6e-38, still a normal float32
@@ -212,7 +216,15 @@ def failure() -> str | None:
 
 def kernels_run() -> list[str]:
     """The compiled kernels that have run in this process (bench/metrics.py reports them)."""
-    return sorted({key[0] for key in _KERNELS.proven})
+    return sorted({key[0] for key in _KERNELS.proven} | ({"position (C++)"} if native.ran() else set()))
+
+
+def js_block_floats(device: torch.device, dtype: torch.dtype) -> int:
+    """Logits per block of the JS path: cache-sized for the compiled kernel, which reads each
+    block twice; larger, and per thread, for the C++ one."""
+    if native.usable(device, dtype):
+        return native.BLOCK_FLOATS * torch.get_num_threads()
+    return JS_FLOATS
 
 
 def _key(name: str, z: Tensor) -> tuple:
@@ -226,5 +238,9 @@ def sums(z: Tensor, m: Tensor, inv_temp: float):
 
 def position(z: Tensor, inv_temp: float, w_norm: Tensor):
     """(m, Σe, Σe·s, Σe², JS + ½H) per row [c, G, k] of the logits z [c, G, k, V] of c positions, for
-    rows weighing w_norm [c, G, k] in their group's mean; None: use eager."""
+    rows weighing w_norm [c, G, k] in their group's mean; None: use eager. On the CPU the C++
+    kernel (native.py) takes it where it can, this module's compiled one elsewhere."""
+    got = native.position(z, inv_temp, w_norm)
+    if got is not None:
+        return got
     return _KERNELS.call("position", _position, _key("position", z) + (z.shape[2],), z, inv_temp, w_norm)

@@ -6,7 +6,8 @@ bounded by `chunk_size × V × 4` bytes however large B·T is. Per block the log
 (max, then shift-and-convert); exp is taken once and H, H2, top-1 and log p come from three row
 sums of the same exp. Where torch.compile works, each block's sums run as one compiled kernel and
 JS as a second one over the same block, converting bf16/fp16 in registers and writing nothing of
-size V (hooks/metrics/fused.py; these eager ops are the fallback). bench/metrics.py measures both
+size V (hooks/metrics/fused.py); on the CPU, JS takes a C++ kernel that keeps each row's exp for
+the JS pass (hooks/metrics/native.py). These eager ops are the fallback. bench/metrics.py measures both
 against the fastest chunked log_softmax + gather.
 """
 from __future__ import annotations
@@ -323,7 +324,7 @@ def _stats_by_positions_fused(src: LogitsSource, valid: Tensor, toks, groups: Te
     act = valid[:, positions].T.contiguous()  # [P, B]
     count = act.to(torch.float32).view(n_pos, n_groups, k).sum(-1)  # [P, G]
     mean_weight = act / count.clamp(min=1)[:, groups]  # [P, B]; 0 when inactive
-    per_block = _block_rows(chunk_size, batch, vocab, _fused.JS_FLOATS)
+    per_block = _block_rows(chunk_size, batch, vocab, _fused.js_block_floats(device, src.dtype))
     toks_pos = toks[:, positions].T if toks is not None else None
     parts = []  # per block: m, Σe, Σe·s, Σe², JS + ½H and the sampled token's logit, [c, B] each;
     for start in range(0, n_pos, per_block):  # joined once at the end (one block is one position)

@@ -1,0 +1,143 @@
+"""The CPU kernel of token_stats with ICT JS (position_kernel.cpp; docs/algorithms.md §1, §2).
+
+Built once per machine and instruction set by torch.utils.cpp_extension (cached in
+TORCH_EXTENSIONS_DIR, with its lock for processes building at once, rebuilt when the source
+changes) and called through ctypes, which releases the GIL: a block's positions are split across
+torch's thread count. It keeps each row's exp from the sums pass for the JS pass, where the
+compiled kernel (fused.py) computes exp twice: measured 1.6x the log-prob floor against 2.4x.
+`position` returns None where it cannot run (a GPU tensor, another dtype, groups over 16 rows,
+no C++ compiler): the caller then takes the compiled or eager path. FORKSIGHT_NATIVE=0 skips it.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+ENV_SWITCH = "FORKSIGHT_NATIVE"
+SOURCE = Path(__file__).with_name("position_kernel.cpp")
+MAX_ROWS = 16  # rows per group the kernel unrolls (kMaxRows in the source)
+# Logits per thread in one block (token_stats sizes its blocks with this): scratch is k × V per
+# thread whatever the block, so blocks only bound the logits a hidden-state source materialises.
+BLOCK_FLOATS = 1 << 23
+_ENTRY = {torch.float32: "forksight_position_f32", torch.bfloat16: "forksight_position_bf16"}
+_ARGTYPES = [ctypes.c_void_p] + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p,
+                                                         ctypes.c_int64]
+
+
+def _isa() -> tuple[str, list[str]]:
+    """A name for the instruction set the library is built for, and its compiler flags."""
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    if x86 and torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512")):
+        return "avx2", ["-mavx2", "-mfma"]
+    return "generic", []  # the vector types lower to SSE2 or NEON
+
+
+class _Library:
+    """The built library, built on first use; `failed` once a build or load broke."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.lib: ctypes.CDLL | None = None
+        self.failed: str | None = None
+        self.ran = False
+        self.pool: ThreadPoolExecutor | None = None
+
+    def get(self) -> ctypes.CDLL | None:
+        with self.lock:
+            if self.lib is None and self.failed is None:
+                try:
+                    self.lib = _build()
+                except Exception as err:  # no compiler, no ninja, a read-only cache: compiled path instead
+                    self.failed = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+                    warnings.warn(
+                        f"forksight: building the C++ per-token kernel failed ({self.failed}); using the "
+                        f"compiled or eager path (set {ENV_SWITCH}=0 to skip the attempt)",
+                        RuntimeWarning,
+                        stacklevel=4,
+                    )
+            return self.lib
+
+    def map(self, fn, parts: list[tuple[int, int]]) -> None:
+        with self.lock:
+            if self.pool is None:
+                self.pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="forksight-kernel")
+        for done in [self.pool.submit(fn, *part) for part in parts]:
+            done.result()
+
+
+def _build() -> ctypes.CDLL:
+    from torch.utils import cpp_extension
+
+    tag, flags = _isa()
+    path = cpp_extension.load(
+        f"forksight_position_{tag}",
+        [str(SOURCE)],
+        extra_cflags=["-O3", "-ffp-contract=fast", *flags],
+        is_python_module=False,
+        verbose=False,
+    )
+    lib = ctypes.CDLL(path)
+    if lib.forksight_max_rows() != MAX_ROWS:
+        raise RuntimeError(f"{path} unrolls {lib.forksight_max_rows()} rows, this module expects {MAX_ROWS}")
+    for name in _ENTRY.values():
+        getattr(lib, name).argtypes = _ARGTYPES
+        getattr(lib, name).restype = None
+    return lib
+
+
+_LIBRARY = _Library()
+
+
+def usable(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether position() takes logits of this device and dtype (the CPU; float32 or bfloat16;
+    not switched off; a library that built or has not been tried yet)."""
+    return (torch.device(device).type == "cpu" and dtype in _ENTRY and _LIBRARY.failed is None
+            and os.environ.get(ENV_SWITCH, "1") != "0")
+
+
+def position(z: Tensor, inv_temp: float, w_norm: Tensor) -> tuple[Tensor, ...] | None:
+    """(m, Σe, Σe·s, Σe², JS + ½H) per row [c, G, k] of the logits z [c, G, k, V] of c positions,
+    rows weighing w_norm [c, G, k] in their group's mean (fused.position's contract); None: this
+    kernel cannot take z, use another path."""
+    c, groups, k, vocab = z.shape
+    if not usable(z.device, z.dtype) or k > MAX_ROWS or z.stride(-1) != 1 or z.stride(1) != k * z.stride(2):
+        return None
+    lib = _LIBRARY.get()
+    if lib is None:
+        return None
+    kernel = getattr(lib, _ENTRY[z.dtype])
+    weights = w_norm.to(torch.float32).contiguous()
+    out = torch.empty((5, c, groups, k), dtype=torch.float32)
+    rows, item = groups * k, z.element_size()
+
+    def run(first: int, last: int) -> None:
+        kernel(z.data_ptr() + first * z.stride(0) * item, last - first, groups, k, vocab, z.stride(0),
+               z.stride(2), inv_temp, weights.data_ptr() + first * rows * 4, out.data_ptr() + first * rows * 4,
+               c * rows)
+
+    threads = min(torch.get_num_threads(), c)
+    if threads <= 1:
+        run(0, c)
+    else:
+        bounds = [c * i // threads for i in range(threads + 1)]
+        _LIBRARY.map(run, list(zip(bounds[:-1], bounds[1:])))
+    _LIBRARY.ran = True
+    return tuple(out)
+
+
+def failure() -> str | None:
+    """Why the C++ kernel cannot run here (None: it can, or was not tried)."""
+    return _LIBRARY.failed
+
+
+def ran() -> bool:
+    """Whether the C++ kernel has run in this process (bench/metrics.py reports it)."""
+    return _LIBRARY.ran
