@@ -362,6 +362,12 @@ def test_cpp_kernel_matches_the_reference_on_ragged_vocabularies_groups_and_thre
     finally:
         torch.set_num_threads(before)
     assert all(torch.equal(a, b) for a, b in zip(one, two))
+    # NaN, +inf or only -inf at a valid position: the same clear error as the other paths
+    for value, where in ((float("nan"), 7), (float("inf"), 3), (-float("inf"), slice(None))):
+        bad = random_logits((4, 3, 50), seed=5).to(dtype)
+        bad[1, 2, where] = value
+        with pytest.raises(ValueError, match="NaN/\\+inf logits or only -inf"):
+            token_stats(bad, group_ids=[0, 0, 1, 1], fused=True)
 
 
 NATIVE_FALLBACK_CHILD = """
