@@ -370,6 +370,31 @@ def test_cpp_kernel_matches_the_reference_on_ragged_vocabularies_groups_and_thre
             token_stats(bad, group_ids=[0, 0, 1, 1], fused=True)
 
 
+def test_cpp_kernel_still_runs_in_a_forked_child_after_using_threads_in_the_parent():
+    import multiprocessing
+
+    z = random_logits((4, 8, 300), seed=9).view(8, 2, 2, 300)  # [c, G, k, V]: a view of [B, T, V] is laid out alike
+    w = torch.full((8, 2, 2), 0.5)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        from forksight.hooks.metrics import native
+
+        parent = native.position(z, 1.0, w)  # the pool's threads now exist, in this process only
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            child = pool.apply_async(_position_in_child, (z, w)).get(timeout=120)
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(parent, child))
+
+
+def _position_in_child(z, w):
+    from forksight.hooks.metrics import native
+
+    torch.set_num_threads(2)
+    return native.position(z, 1.0, w)
+
+
 NATIVE_FALLBACK_CHILD = """
 import warnings, torch
 from forksight.hooks.metrics import fused, token_stats

@@ -96,6 +96,16 @@ def _build() -> ctypes.CDLL:
 _LIBRARY = _Library()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child has none of the pool's threads (an inherited executor would queue work no
+    thread runs) and maybe a lock held by a thread that is gone: fresh ones, built on next use."""
+    _LIBRARY.lock = threading.Lock()
+    _LIBRARY.pool = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def usable(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether position() takes logits of this device and dtype (the CPU; float32 or bfloat16;
     not switched off; a library that built or has not been tried yet)."""
