@@ -4,8 +4,9 @@ The floor is the fastest chunked log_softmax + gather of the sampled token's log
 sizes 8…512 rows, each measured in the same run (large chunks lose: their temporaries leave
 malloc's heap). Targets (issue 27): token_stats at its default settings (H, H2, log p, top-1)
 ≤ 1.25× the floor, with ICT JS (groups of B) ≤ 2×, float32 and bfloat16, at [6, 256, 151936]
-with 1 thread. Both paths are timed: the default (the compiled kernel of hooks/metrics/fused.py
-where torch.compile works) and the eager fallback (fused=False). Every contender runs once per
+with 1 thread. Both paths are timed: the default (the compiled kernels of hooks/metrics/fused.py
+where torch.compile works; with JS on the CPU, the C++ kernel of hooks/metrics/native.py) and the
+eager fallback (fused=False); `kernels_run` names the kernels that ran. Every contender runs once per
 --repeats interleaved rounds: each ratio is the median over rounds of the contender's time over
 the floor's in the same round (the machine is shared; neighbours in time share its load).
 Also: max |Δ| of every statistic against a float64 reference on a small slice, for both paths;
