@@ -320,7 +320,8 @@ def test_fused_path_matches_float64_reference_and_the_eager_path(dtype, native, 
             torch.testing.assert_close(getattr(fused, name), getattr(eager, name), atol=2e-5, rtol=0)
     from forksight.hooks.metrics import fused as fused_kernels
 
-    assert {"sums", "position (C++)" if native else "position"} <= set(fused_kernels.kernels_run())  # they ran
+    ran = {"rows (C++)", "position (C++)"} if native else {"sums", "position"}
+    assert ran <= set(fused_kernels.kernels_run())  # the kernels did run
 
 
 def test_fused_js_of_a_large_group_matches_the_reference():
@@ -331,7 +332,7 @@ def test_fused_js_of_a_large_group_matches_the_reference():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpp_kernel_matches_the_reference_on_ragged_vocabularies_groups_and_threads(dtype):
+def test_cpp_kernels_match_the_reference_on_ragged_vocabularies_groups_and_threads(dtype):
     from forksight.hooks.metrics import fused as fused_kernels
     from forksight.hooks.metrics import native
 
@@ -341,15 +342,21 @@ def test_cpp_kernel_matches_the_reference_on_ragged_vocabularies_groups_and_thre
         mask = torch.rand(2 * k, 9, generator=torch.Generator().manual_seed(k)) > 0.25
         z[~mask] = float("nan")  # garbage where rows are inactive
         z[0, 0, : vocab // 2] = -float("inf")
-        groups = [0] * k + [1] * k
-        got = token_stats(z, mask=mask, group_ids=groups, temperature=1.3, fused=True)
+        tokens = torch.randint(0, vocab, (2 * k, 9), generator=torch.Generator().manual_seed(vocab))
+        tokens[0, 0] = vocab - 1  # a token the row with -inf logits can sample
         zz = z.to(torch.float64).numpy().copy()
         zz[~mask.numpy()] = 0.0
         ref = ref_stats(zz, temperature=1.3)
-        for name in ("entropy", "renyi2", "top1"):
-            np.testing.assert_allclose(getattr(got, name).numpy(), ref[name] * mask.numpy(), atol=TOL, err_msg=name)
-        np.testing.assert_allclose(got.js.numpy(), ref_js(ref["p"], mask.numpy(), groups), atol=TOL)
-    assert "position (C++)" in fused_kernels.kernels_run()
+        ref_logp = np.take_along_axis(ref["logq"], tokens.numpy()[..., None], -1)[..., 0] * mask.numpy()
+        for groups in (None, [0] * k + [1] * k):  # the `rows` kernel; the `position` kernel
+            got = token_stats(z, mask=mask, tokens=tokens, group_ids=groups, temperature=1.3, fused=True)
+            for name in ("entropy", "renyi2", "top1"):
+                np.testing.assert_allclose(getattr(got, name).numpy(), ref[name] * mask.numpy(), atol=TOL,
+                                           err_msg=name)
+            np.testing.assert_allclose(got.logp.numpy(), ref_logp, atol=TOL)
+            if groups:
+                np.testing.assert_allclose(got.js.numpy(), ref_js(ref["p"], mask.numpy(), groups), atol=TOL)
+    assert {"rows (C++)", "position (C++)"} <= set(fused_kernels.kernels_run())
     # positions split across threads give the same bits as one thread
     z = random_logits((6, 11, 777), seed=3).to(dtype).view(11, 2, 3, 777)
     w = torch.full((11, 2, 3), 1 / 3)
@@ -357,20 +364,23 @@ def test_cpp_kernel_matches_the_reference_on_ragged_vocabularies_groups_and_thre
     try:
         torch.set_num_threads(1)
         one = native.position(z, 1.0, w)
+        one_rows = native.rows(z.view(-1, 777), 1.0)
         torch.set_num_threads(2)
         two = native.position(z, 1.0, w)
+        two_rows = native.rows(z.view(-1, 777), 1.0)
     finally:
         torch.set_num_threads(before)
-    assert all(torch.equal(a, b) for a, b in zip(one, two))
+    assert all(torch.equal(a, b) for a, b in zip(one + one_rows, two + two_rows))
     # NaN, +inf or only -inf at a valid position: the same clear error as the other paths
     for value, where in ((float("nan"), 7), (float("inf"), 3), (-float("inf"), slice(None))):
         bad = random_logits((4, 3, 50), seed=5).to(dtype)
         bad[1, 2, where] = value
-        with pytest.raises(ValueError, match="NaN/\\+inf logits or only -inf"):
-            token_stats(bad, group_ids=[0, 0, 1, 1], fused=True)
+        for groups in (None, [0, 0, 1, 1]):
+            with pytest.raises(ValueError, match="NaN/\\+inf logits or only -inf"):
+                token_stats(bad, group_ids=groups, fused=True)
 
 
-def test_cpp_kernel_still_runs_in_a_forked_child_after_using_threads_in_the_parent():
+def test_cpp_kernels_still_run_in_a_forked_child_after_using_threads_in_the_parent():
     import multiprocessing
 
     z = random_logits((4, 8, 300), seed=9).view(8, 2, 2, 300)  # [c, G, k, V]: a view of [B, T, V] is laid out alike
@@ -404,12 +414,12 @@ with warnings.catch_warnings(record=True) as seen:
     got = token_stats(z, group_ids=[0, 0, 1, 1], fused=True)
 eager = token_stats(z, group_ids=[0, 0, 1, 1], fused=False)
 torch.testing.assert_close(got.js, eager.js, atol=2e-5, rtol=0)
-assert any("building the C++ per-token kernel failed" in str(w.message) for w in seen), [str(w.message) for w in seen]
+assert any("building the C++ per-token kernels failed" in str(w.message) for w in seen), [str(w.message) for w in seen]
 print(fused.kernels_run())
 """
 
 
-def test_without_a_usable_extensions_dir_the_compiled_js_kernel_answers_with_a_warning(tmp_path):
+def test_without_a_usable_extensions_dir_the_compiled_kernels_answer_with_a_warning(tmp_path):
     import os
     import subprocess
     import sys

@@ -1,8 +1,8 @@
 """The fused path of token_stats: each block's sums in one compiled kernel (torch.compile: C++ on
 the CPU, Triton on CUDA), the eager path in token_stats.py being the fallback (docs:
-docs/algorithms.md §1, §3). On the CPU `position` goes to the C++ kernel of native.py first
-(it keeps exp between the passes, which an inductor graph could not do any faster); the
-compiled `js` below is its fallback there and the path on CUDA.
+docs/algorithms.md §1, §3). On the CPU the C++ kernels of native.py go first (they build in a
+second, not 10-30 s, and with JS keep exp between the passes, which no inductor graph here did
+as fast); these compiled ones are their fallback there and the path on CUDA.
 
 Per block of rows, after an eager max m (one cheap read, and the NaN/inf check):
   `sums`   one read of the logits: s = (z − m)/temp, e = exp(s), and Σe, Σe·s, Σe² accumulated
@@ -216,7 +216,7 @@ def failure() -> str | None:
 
 def kernels_run() -> list[str]:
     """The compiled kernels that have run in this process (bench/metrics.py reports them)."""
-    return sorted({key[0] for key in _KERNELS.proven} | ({"position (C++)"} if native.ran() else set()))
+    return sorted({key[0] for key in _KERNELS.proven} | {f"{name} (C++)" for name in native.ran()})
 
 
 def js_block_floats(device: torch.device, dtype: torch.dtype) -> int:
@@ -231,9 +231,15 @@ def _key(name: str, z: Tensor) -> tuple:
     return (name, z.device.type, z.dtype, z.dim())
 
 
-def sums(z: Tensor, m: Tensor, inv_temp: float):
-    """(Σe, Σe·s, Σe²) per row of z [..., V], or None when the kernel cannot run (use eager)."""
-    return _KERNELS.call("sums", _sums, _key("sums", z), z, m.to(torch.float32), inv_temp)
+def row_sums(z: Tensor, inv_temp: float):
+    """(m, Σe, Σe·s, Σe²) per row of z [n, V], or None when no kernel can run (use eager). On the
+    CPU the C++ kernel (native.py) takes it where it can, this module's compiled one elsewhere."""
+    got = native.rows(z, inv_temp)
+    if got is not None:
+        return got
+    m = z.amax(dim=-1)
+    got = _KERNELS.call("sums", _sums, _key("sums", z), z, m.to(torch.float32), inv_temp)
+    return None if got is None else (m, *got)
 
 
 def position(z: Tensor, inv_temp: float, w_norm: Tensor):

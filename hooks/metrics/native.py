@@ -1,12 +1,14 @@
-"""The CPU kernel of token_stats with ICT JS (position_kernel.cpp; docs/algorithms.md §1, §2).
+"""The CPU kernels of token_stats (token_kernels.cpp; docs/algorithms.md §1, §2).
 
 Built once per machine and instruction set by torch.utils.cpp_extension (cached in
 TORCH_EXTENSIONS_DIR, with its lock for processes building at once, rebuilt when the source
-changes) and called through ctypes, which releases the GIL: a block's positions are split across
-torch's thread count. It keeps each row's exp from the sums pass for the JS pass, where the
-compiled kernel (fused.py) computes exp twice: measured 1.6x the log-prob floor against 2.4x.
-`position` returns None where it cannot run (a GPU tensor, another dtype, groups over 16 rows,
-no C++ compiler): the caller then takes the compiled or eager path. FORKSIGHT_NATIVE=0 skips it.
+changes; about a second, where torch.compile's first compile takes 10-30 s) and called through
+ctypes, which releases the GIL: a block's rows or positions are split across torch's thread count.
+With JS it keeps each row's exp from the sums pass for the JS pass, where the compiled kernel
+(fused.py) computes exp twice: measured 1.7x the log-prob floor against 2.4x.
+`rows` and `position` return None where they cannot run (a GPU tensor, another dtype, groups
+over 16 rows, no C++ compiler): the caller then takes the compiled or eager path.
+FORKSIGHT_NATIVE=0 skips them.
 """
 from __future__ import annotations
 
@@ -22,14 +24,17 @@ import torch
 from torch import Tensor
 
 ENV_SWITCH = "FORKSIGHT_NATIVE"
-SOURCE = Path(__file__).with_name("position_kernel.cpp")
+SOURCE = Path(__file__).with_name("token_kernels.cpp")
 MAX_ROWS = 16  # rows per group the kernel unrolls (kMaxRows in the source)
 # Logits per thread in one block (token_stats sizes its blocks with this): scratch is k × V per
 # thread whatever the block, so blocks only bound the logits a hidden-state source materialises.
 BLOCK_FLOATS = 1 << 23
-_ENTRY = {torch.float32: "forksight_position_f32", torch.bfloat16: "forksight_position_bf16"}
-_ARGTYPES = [ctypes.c_void_p] + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p,
-                                                         ctypes.c_int64]
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_ARGTYPES = {
+    "position": [ctypes.c_void_p] + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p,
+                                                            ctypes.c_int64],
+    "rows": [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int64],
+}
 
 
 def _isa() -> tuple[str, list[str]]:
@@ -47,7 +52,7 @@ class _Library:
         self.lock = threading.Lock()
         self.lib: ctypes.CDLL | None = None
         self.failed: str | None = None
-        self.ran = False
+        self.ran: set[str] = set()
         self.pool: ThreadPoolExecutor | None = None
 
     def get(self) -> ctypes.CDLL | None:
@@ -58,7 +63,7 @@ class _Library:
                 except Exception as err:  # no compiler, no ninja, a read-only cache: compiled path instead
                     self.failed = f"{type(err).__name__}: {err}".splitlines()[0][:300]
                     warnings.warn(
-                        f"forksight: building the C++ per-token kernel failed ({self.failed}); using the "
+                        f"forksight: building the C++ per-token kernels failed ({self.failed}); using the "
                         f"compiled or eager path (set {ENV_SWITCH}=0 to skip the attempt)",
                         RuntimeWarning,
                         stacklevel=4,
@@ -78,7 +83,7 @@ def _build() -> ctypes.CDLL:
 
     tag, flags = _isa()
     path = cpp_extension.load(
-        f"forksight_position_{tag}",
+        f"forksight_token_kernels_{tag}",
         [str(SOURCE)],
         extra_cflags=["-O3", "-ffp-contract=fast", *flags],
         is_python_module=False,
@@ -87,9 +92,10 @@ def _build() -> ctypes.CDLL:
     lib = ctypes.CDLL(path)
     if lib.forksight_max_rows() != MAX_ROWS:
         raise RuntimeError(f"{path} unrolls {lib.forksight_max_rows()} rows, this module expects {MAX_ROWS}")
-    for name in _ENTRY.values():
-        getattr(lib, name).argtypes = _ARGTYPES
-        getattr(lib, name).restype = None
+    for kernel, argtypes in _ARGTYPES.items():
+        for suffix in _SUFFIX.values():
+            getattr(lib, f"forksight_{kernel}_{suffix}").argtypes = argtypes
+            getattr(lib, f"forksight_{kernel}_{suffix}").restype = None
     return lib
 
 
@@ -109,8 +115,41 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def usable(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether position() takes logits of this device and dtype (the CPU; float32 or bfloat16;
     not switched off; a library that built or has not been tried yet)."""
-    return (torch.device(device).type == "cpu" and dtype in _ENTRY and _LIBRARY.failed is None
+    return (torch.device(device).type == "cpu" and dtype in _SUFFIX and _LIBRARY.failed is None
             and os.environ.get(ENV_SWITCH, "1") != "0")
+
+
+def _split(n: int, run) -> None:
+    """run(first, last) over [0, n) in one contiguous part per thread (torch's thread count)."""
+    threads = min(torch.get_num_threads(), n)
+    if threads <= 1:
+        run(0, n)
+        return
+    bounds = [n * i // threads for i in range(threads + 1)]
+    _LIBRARY.map(run, list(zip(bounds[:-1], bounds[1:])))
+
+
+def _kernel(name: str, z: Tensor):
+    lib = _LIBRARY.get()
+    return None if lib is None else getattr(lib, f"forksight_{name}_{_SUFFIX[z.dtype]}")
+
+
+def rows(z: Tensor, inv_temp: float) -> tuple[Tensor, ...] | None:
+    """(m, Σe, Σe·s, Σe²) per row [n] of the logits z [n, V] (fused.row_sums' contract); None: this
+    kernel cannot take z, use another path."""
+    n, vocab = z.shape
+    if not usable(z.device, z.dtype) or z.stride(-1) != 1 or (kernel := _kernel("rows", z)) is None:
+        return None
+    out = torch.empty((4, n), dtype=torch.float32)
+    item = z.element_size()
+
+    def run(first: int, last: int) -> None:
+        kernel(z.data_ptr() + first * z.stride(0) * item, last - first, vocab, z.stride(0), inv_temp,
+               out.data_ptr() + first * 4, n)
+
+    _split(n, run)
+    _LIBRARY.ran.add("rows")
+    return tuple(out)
 
 
 def position(z: Tensor, inv_temp: float, w_norm: Tensor) -> tuple[Tensor, ...] | None:
@@ -118,28 +157,20 @@ def position(z: Tensor, inv_temp: float, w_norm: Tensor) -> tuple[Tensor, ...] |
     rows weighing w_norm [c, G, k] in their group's mean (fused.position's contract); None: this
     kernel cannot take z, use another path."""
     c, groups, k, vocab = z.shape
-    if not usable(z.device, z.dtype) or k > MAX_ROWS or z.stride(-1) != 1 or z.stride(1) != k * z.stride(2):
+    if (not usable(z.device, z.dtype) or k > MAX_ROWS or z.stride(-1) != 1 or z.stride(1) != k * z.stride(2)
+            or (kernel := _kernel("position", z)) is None):
         return None
-    lib = _LIBRARY.get()
-    if lib is None:
-        return None
-    kernel = getattr(lib, _ENTRY[z.dtype])
     weights = w_norm.to(torch.float32).contiguous()
     out = torch.empty((5, c, groups, k), dtype=torch.float32)
-    rows, item = groups * k, z.element_size()
+    per, item = groups * k, z.element_size()
 
     def run(first: int, last: int) -> None:
         kernel(z.data_ptr() + first * z.stride(0) * item, last - first, groups, k, vocab, z.stride(0),
-               z.stride(2), inv_temp, weights.data_ptr() + first * rows * 4, out.data_ptr() + first * rows * 4,
-               c * rows)
+               z.stride(2), inv_temp, weights.data_ptr() + first * per * 4, out.data_ptr() + first * per * 4,
+               c * per)
 
-    threads = min(torch.get_num_threads(), c)
-    if threads <= 1:
-        run(0, c)
-    else:
-        bounds = [c * i // threads for i in range(threads + 1)]
-        _LIBRARY.map(run, list(zip(bounds[:-1], bounds[1:])))
-    _LIBRARY.ran = True
+    _split(c, run)
+    _LIBRARY.ran.add("position")
     return tuple(out)
 
 
@@ -148,6 +179,6 @@ def failure() -> str | None:
     return _LIBRARY.failed
 
 
-def ran() -> bool:
-    """Whether the C++ kernel has run in this process (bench/metrics.py reports it)."""
-    return _LIBRARY.ran
+def ran() -> set[str]:
+    """The C++ kernels that have run in this process (bench/metrics.py reports them)."""
+    return set(_LIBRARY.ran)

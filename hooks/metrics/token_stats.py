@@ -6,7 +6,7 @@ bounded by `chunk_size × V × 4` bytes however large B·T is. Per block the log
 (max, then shift-and-convert); exp is taken once and H, H2, top-1 and log p come from three row
 sums of the same exp. Where torch.compile works, each block's sums run as one compiled kernel and
 JS as a second one over the same block, converting bf16/fp16 in registers and writing nothing of
-size V (hooks/metrics/fused.py); on the CPU, JS takes a C++ kernel that keeps each row's exp for
+size V (hooks/metrics/fused.py); on the CPU C++ kernels take both, and keep each row's exp for
 the JS pass (hooks/metrics/native.py). These eager ops are the fallback. bench/metrics.py measures both
 against the fastest chunked log_softmax + gather.
 """
@@ -111,12 +111,11 @@ class _Sums:
         self.s1[index], self.sz[index], self.s2[index] = _row_sums(planes)
 
     def fill_fused(self, index, z: Tensor, inv_temp: float, tokens: Tensor | None) -> bool:
-        """The same from the compiled kernel (z in any float dtype, converted in it); False: use eager."""
-        m = z.amax(dim=-1)
-        got = _fused.sums(z, m, inv_temp)
+        """The same from a compiled kernel (z in any float dtype, converted in it); False: use eager."""
+        got = _fused.row_sums(z, inv_temp)
         if got is None:
             return False
-        self.fill_sums(index, z, m, got, inv_temp, tokens)
+        self.fill_sums(index, z, got[0], got[1:], inv_temp, tokens)
         return True
 
     def fill_sums(self, index, z: Tensor | None, m: Tensor, got, inv_temp: float, tokens: Tensor | None,

@@ -1,8 +1,10 @@
-// The per-position kernel of token_stats with ICT JS on the CPU (docs/algorithms.md §1, §2),
-// built and loaded by native.py. Plain C++ with GCC/Clang vector extensions: 8 float lanes,
-// lowered to AVX2 + FMA where the build flags allow, to SSE or NEON elsewhere. No torch headers.
+// The per-token kernels of token_stats on the CPU (docs/algorithms.md §1, §2), built and loaded
+// by native.py: `rows` (the three row sums H, H2, top-1 and log p come from) and `position` (the
+// same plus ICT JS for the rollout groups at one position). Plain C++ with GCC/Clang vector
+// extensions: 8 float lanes, lowered to AVX2 + FMA where the build flags allow, to SSE or NEON
+// elsewhere. No torch headers: it builds in about a second.
 //
-// Per group of k rows (the rollouts of one prompt at one position), for each row j:
+// `position`, per group of k rows (the rollouts of one prompt at one position), for each row j:
 //   pass 1  m_j = max z (NaN propagates, so the caller's finite check sees it),
 //   pass 2  s = (z − m_j)/temp (≥ −87), e = exp(s); Σe, Σe·s, Σe² and e kept in a per-thread
 //           buffer (k × V floats: the k rows of one group, a few MB, stays in L2/L3);
@@ -123,8 +125,8 @@ float row_max(const T* z, int64_t V) {
   return out;
 }
 
-// Pass 2 over one row: Σe, Σe·s, Σe² and e itself (written to `e`, V floats, the tail zeroed).
-template <typename T>
+// Pass 2 over one row: Σe, Σe·s, Σe² and, when `e` is given, e itself (V floats there).
+template <typename T, bool Keep>
 void row_sums(const T* z, int64_t V, float m, float inv_temp, float* e, float out[3]) {
   const vf scale = splat(inv_temp), shift = splat(-m * inv_temp);
   vf t1{}, tz{}, t2{};
@@ -137,7 +139,7 @@ void row_sums(const T* z, int64_t V, float m, float inv_temp, float* e, float ou
       a1 += x;
       az += x * s;
       a2 += x * x;
-      std::memcpy(e + v, &x, sizeof x);
+      if constexpr (Keep) std::memcpy(e + v, &x, sizeof x);
     }
     t1 += a1;
     tz += az;
@@ -153,7 +155,7 @@ void row_sums(const T* z, int64_t V, float m, float inv_temp, float* e, float ou
     t1 += x;
     tz += x * s;
     t2 += x * x;
-    std::memcpy(e + v, buf, (V - v) * sizeof(float));
+    if constexpr (Keep) std::memcpy(e + v, buf, (V - v) * sizeof(float));
   }
   out[0] = hsum(t1);
   out[1] = hsum(tz);
@@ -220,7 +222,7 @@ void positions(const T* z, int64_t c, int64_t groups, int64_t k, int64_t V, int6
         const T* row = z + p * stride_c + (g * k + j) * stride_row;
         const float m = row_max(row, V);
         float sums[3];
-        row_sums(row, V, m, inv_temp, kept.data() + j * V, sums);
+        row_sums<T, true>(row, V, m, inv_temp, kept.data() + j * V, sums);
         out[first + j] = m;
         out[plane + first + j] = sums[0];
         out[2 * plane + first + j] = sums[1];
@@ -231,6 +233,21 @@ void positions(const T* z, int64_t c, int64_t groups, int64_t k, int64_t V, int6
       js_terms(kept.data(), k, V, half_inv, half_w, js);
       for (int64_t j = 0; j < k; j++) out[4 * plane + first + j] = js[j];
     }
+  }
+}
+
+// Rows without JS: m, Σe, Σe·s, Σe² per row (nothing of size V written).
+template <typename T>
+void rows(const T* z, int64_t n, int64_t V, int64_t stride_row, float inv_temp, float* out, int64_t plane) {
+  for (int64_t r = 0; r < n; r++) {
+    const T* row = z + r * stride_row;
+    const float m = row_max(row, V);
+    float sums[3];
+    row_sums<T, false>(row, V, m, inv_temp, nullptr, sums);
+    out[r] = m;
+    out[plane + r] = sums[0];
+    out[2 * plane + r] = sums[1];
+    out[3 * plane + r] = sums[2];
   }
 }
 
@@ -253,6 +270,17 @@ void forksight_position_bf16(const uint16_t* z, int64_t c, int64_t groups, int64
                              int64_t stride_c, int64_t stride_row, float inv_temp, const float* w,
                              float* out, int64_t plane) {
   positions(z, c, groups, k, V, stride_c, stride_row, inv_temp, w, out, plane);
+}
+
+// z: n rows of V logits (row r at r·stride_row); out: 4 planes (m, Σe, Σe·s, Σe²) of `plane` floats.
+void forksight_rows_f32(const float* z, int64_t n, int64_t V, int64_t stride_row, float inv_temp, float* out,
+                        int64_t plane) {
+  rows(z, n, V, stride_row, inv_temp, out, plane);
+}
+
+void forksight_rows_bf16(const uint16_t* z, int64_t n, int64_t V, int64_t stride_row, float inv_temp,
+                         float* out, int64_t plane) {
+  rows(z, n, V, stride_row, inv_temp, out, plane);
 }
 
 }  // extern "C"
