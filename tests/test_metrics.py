@@ -436,7 +436,7 @@ def test_without_a_usable_extensions_dir_the_compiled_kernels_answer_with_a_warn
 FALLBACK_CHILD = """
 import warnings, torch
 from forksight.hooks.metrics import fused, token_stats
-fused.FUSED_MIN_ELEMENTS = 0  # take the fused path even for this small call
+fused.FUSED_MIN_ELEMENTS = fused.NATIVE_MIN_ELEMENTS = 0  # take the fused path even for this small call
 z = torch.randn(4, 3, 50)
 with warnings.catch_warnings(record=True) as seen:
     warnings.simplefilter("always")
@@ -444,6 +444,7 @@ with warnings.catch_warnings(record=True) as seen:
 eager = token_stats(z, tokens=torch.zeros(4, 3, dtype=torch.long), group_ids=[0, 0, 1, 1], fused=False)
 assert torch.equal(auto.js, eager.js) and torch.equal(auto.entropy, eager.entropy)
 assert any("using the eager path" in str(w.message) for w in seen), [str(w.message) for w in seen]
+assert any("building the C++ per-token kernels failed" in str(w.message) for w in seen)
 try:
     token_stats(z, fused=True)
 except RuntimeError as err:

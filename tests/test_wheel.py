@@ -43,6 +43,7 @@ def test_wheel_top_level_holds_forksight_only(wheel):
     for room in COLLIDING:
         assert f"forksight/{room}/__init__.py" in names
     assert "forksight/dashboard/assets/style.css" in names
+    assert "forksight/hooks/metrics/token_kernels.cpp" in names  # the C++ kernels build from it
     assert "forksight/__main__.py" in names and "forksight/compose/cli.py" in names
     # every sub-package (room) the source declares is in the wheel
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
@@ -83,9 +84,14 @@ assert callable(forksight.attach) and callable(forksight.serve)
 assert abs(forksight.pass_at_k(4, 2, 2) - 5 / 6) < 1e-12   # 1 - C(2,2)/C(4,2)
 with forksight.open_sink(run="wheel-run", db={str(db)!r}) as sink:
     sink.log_scalars(0, {{"entropy/mean": 0.5, "reward": 1.0}})
+import torch
+from forksight.hooks.metrics import fused, token_stats
+token_stats(torch.randn(2, 3, 40), fused=True)   # the C++ kernels, built from the installed source
+assert fused.kernels_run() == ["rows (C++)"], fused.kernels_run()
 con = duckdb.connect({str(db)!r}, read_only=True)
 print(sorted(con.execute("SELECT key, value FROM scalars WHERE run_id = 'wheel-run'").fetchall()))
 """
+    env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "extensions")   # no build cached from the checkout
     out = subprocess.run([str(py), "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "[('entropy/mean', 0.5), ('reward', 1.0)]"

@@ -32,8 +32,11 @@ _LOG2E = 1.4426950408889634
 _EXP_MIN = -87.0  # exp(−87) ≈ 1.6e-38, still a normal float32
 _LN2 = 0.6931471805599453
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4  # ln 2 = HI + LO, HI exact in a few bits
-# Work (rows × V) below which the eager path is used: a first compile takes tens of seconds.
+# Work (rows × V) below which the eager path is used: torch.compile's first compile takes 10-30 s;
+# the C++ kernels' build about a second, once per machine (then 0.1 s to load), and they beat the
+# eager ops from small sizes on.
 FUSED_MIN_ELEMENTS = 1 << 24
+NATIVE_MIN_ELEMENTS = 1 << 16
 ENV_SWITCH = "FORKSIGHT_FUSED"  # "0": never compile; "1": the default (compile where it pays)
 # Blocks (rows × V floats), chosen with bench/metrics.py --sweep at [6, 256, 151936], 1 thread:
 # without JS nothing of size V is written and bigger blocks amortise the per-block calls (~110
@@ -184,17 +187,23 @@ class _Kernels:
 _KERNELS = _Kernels()
 
 
-def use_fused(fused: bool | None, elements: int, device: torch.device) -> bool:
+def use_fused(fused: bool | None, elements: int, device: torch.device, dtype: torch.dtype,
+              group_rows: int | None = None) -> bool:
     """Whether this call takes the fused path: fused=True forces it (an error if it cannot run),
-    False never; None (default) takes it when it pays (≥ FUSED_MIN_ELEMENTS) and can run."""
+    False never; None (default) takes it when it pays and can run: from NATIVE_MIN_ELEMENTS where
+    the C++ kernels take it (a build of about a second, once per machine), else from
+    FUSED_MIN_ELEMENTS (torch.compile's first compile). group_rows: rows per group, with JS."""
     if fused is False:
         return False
+    cpp = native.usable(device, dtype) and (group_rows is None or group_rows <= native.MAX_ROWS)
     if fused is None:
-        if os.environ.get(ENV_SWITCH, "1") == "0" or _KERNELS.failed is not None:
+        if os.environ.get(ENV_SWITCH, "1") == "0":
             return False
-        if device.type not in ("cpu", "cuda") or elements < FUSED_MIN_ELEMENTS:
-            return False
-    elif _KERNELS.failed is not None:
+        if cpp:
+            return elements >= NATIVE_MIN_ELEMENTS
+        return (_KERNELS.failed is None and device.type in ("cpu", "cuda")
+                and elements >= FUSED_MIN_ELEMENTS)
+    if not cpp and _KERNELS.failed is not None:
         raise RuntimeError(f"the fused per-token kernels cannot run here: {_KERNELS.failed}")
     return True
 

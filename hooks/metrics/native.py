@@ -7,7 +7,7 @@ ctypes, which releases the GIL: a block's rows or positions are split across tor
 With JS it keeps each row's exp from the sums pass for the JS pass, where the compiled kernel
 (fused.py) computes exp twice: measured 1.7x the log-prob floor against 2.4x.
 `rows` and `position` return None where they cannot run (a GPU tensor, another dtype, groups
-over 16 rows, no C++ compiler): the caller then takes the compiled or eager path.
+over 64 rows, no C++ compiler): the caller then takes the compiled or eager path.
 FORKSIGHT_NATIVE=0 skips them.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from torch import Tensor
 
 ENV_SWITCH = "FORKSIGHT_NATIVE"
 SOURCE = Path(__file__).with_name("token_kernels.cpp")
-MAX_ROWS = 16  # rows per group the kernel unrolls (kMaxRows in the source)
+MAX_ROWS = 64  # rows per group: the kernel keeps a group's e (k × V floats) per thread
 # Logits per thread in one block (token_stats sizes its blocks with this): scratch is k × V per
 # thread whatever the block, so blocks only bound the logits a hidden-state source materialises.
 BLOCK_FLOATS = 1 << 23
@@ -90,8 +90,6 @@ def _build() -> ctypes.CDLL:
         verbose=False,
     )
     lib = ctypes.CDLL(path)
-    if lib.forksight_max_rows() != MAX_ROWS:
-        raise RuntimeError(f"{path} unrolls {lib.forksight_max_rows()} rows, this module expects {MAX_ROWS}")
     for kernel, argtypes in _ARGTYPES.items():
         for suffix in _SUFFIX.values():
             getattr(lib, f"forksight_{kernel}_{suffix}").argtypes = argtypes

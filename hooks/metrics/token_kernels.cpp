@@ -6,8 +6,8 @@
 //
 // `position`, per group of k rows (the rollouts of one prompt at one position), for each row j:
 //   pass 1  m_j = max z (NaN propagates, so the caller's finite check sees it),
-//   pass 2  s = (z − m_j)/temp (≥ −87), e = exp(s); Σe, Σe·s, Σe² and e kept in a per-thread
-//           buffer (k × V floats: the k rows of one group, a few MB, stays in L2/L3);
+//   pass 2  s = (z − m_j)/temp (≥ −87), e = exp(s); Σe, Σe·s, Σe² and e kept in a buffer of
+//           k × V floats per call (the k rows of one group: a few MB, which stay in L2/L3);
 // then one pass over V for the whole group from the kept e:
 //   ½P̄ = Σ_j ½w_j e_j (w_j = its weight in P̄ / Σe_j, 0 when inactive), Σ ½P̄ log P̄ once, and
 //   per row Σ −M_j log M_j with M_j = ½(p_j + P̄).
@@ -19,6 +19,7 @@
 // Sums are accumulated in blocks of 512 elements, then across blocks (error ~ (64 + V/512)·ε,
 // not V/8·ε). exp: Cephes' degree-7 polynomial with a power-of-two scale (rel. error < 1e-7);
 // log: a degree-8 one after splitting off the exponent (rel. error < 4e-7), as in fused.py.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -31,7 +32,6 @@ typedef int32_t vi __attribute__((vector_size(32)));
 typedef uint16_t vh __attribute__((vector_size(16)));
 constexpr int kLanes = 8;
 constexpr int kBlock = 64;  // vectors per partial sum: 512 elements
-constexpr int kMaxRows = 16;  // rows per group (fused.MAX_UNROLLED); larger groups go elsewhere
 constexpr float kExpMin = -87.0f;  // exp(−87) ≈ 1.6e-38, still a normal float
 
 inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x}; }
@@ -163,46 +163,35 @@ void row_sums(const T* z, int64_t V, float m, float inv_temp, float* e, float ou
 }
 
 // The group's JS terms from its kept e [k, V]: per row Σ −M_j log M_j + Σ ½P̄ (log ½P̄ + log 2).
-// half_inv[j] = ½/Σe_j, half_w[j] = ½·w_j/Σe_j.
+// half_inv[j] = ½/Σe_j, half_w[j] = ½·w_j/Σe_j. Each vector of e is loaded twice (for ½P̄, then
+// for its row's term): from L1, and any k fits.
 void js_terms(const float* e, int64_t k, int64_t V, const float* half_inv, const float* half_w, float* out) {
   const vf ln2 = splat(0.6931471805599453f);
-  vf hi[kMaxRows], hw[kMaxRows], total[kMaxRows], part[kMaxRows];
-  for (int64_t j = 0; j < k; j++) {
-    hi[j] = splat(half_inv[j]);
-    hw[j] = splat(half_w[j]);
-    total[j] = vf{};
-  }
+  std::vector<vf> total(k), part(k);
   vf shared_total{};
   // one vector of every row: row j at at + j·stride
   auto step = [&](const float* at, int64_t stride, vf& shared) {
-    vf x[kMaxRows];
     vf half_mean{};
-    for (int64_t j = 0; j < k; j++) {
-      x[j] = load(at + j * stride);
-      half_mean += x[j] * hw[j];
-    }
+    for (int64_t j = 0; j < k; j++) half_mean += load(at + j * stride) * splat(half_w[j]);
     shared += half_mean * (vlog(half_mean) + ln2);
     for (int64_t j = 0; j < k; j++) {
-      vf mix = x[j] * hi[j] + half_mean;
+      vf mix = load(at + j * stride) * splat(half_inv[j]) + half_mean;
       part[j] -= mix * vlog(mix);
     }
   };
-  int64_t v = 0;
-  while (v + kLanes <= V) {
+  auto block = [&](const float* at, int64_t stride, int64_t vectors) {
     vf shared{};
     for (int64_t j = 0; j < k; j++) part[j] = vf{};
-    for (int b = 0; b < kBlock && v + kLanes <= V; b++, v += kLanes) step(e + v, V, shared);
+    for (int64_t b = 0; b < vectors; b++) step(at + b * kLanes, stride, shared);
     shared_total += shared;
     for (int64_t j = 0; j < k; j++) total[j] += part[j];
-  }
-  if (v < V) {  // the tail, padded with zeros, whose terms are 0 · (a finite log) = 0
-    float pad[kMaxRows * kLanes] = {};
-    for (int64_t j = 0; j < k; j++) std::memcpy(&pad[j * kLanes], e + j * V + v, (V - v) * sizeof(float));
-    vf shared{};
-    for (int64_t j = 0; j < k; j++) part[j] = vf{};
-    step(pad, kLanes, shared);
-    shared_total += shared;
-    for (int64_t j = 0; j < k; j++) total[j] += part[j];
+  };
+  const int64_t full = V / kLanes * kLanes;
+  for (int64_t v = 0; v < full; v += kBlock * kLanes) block(e + v, V, std::min<int64_t>(kBlock, (full - v) / kLanes));
+  if (full < V) {  // the tail, padded with zeros, whose terms are 0 · (a finite log) = 0
+    std::vector<float> pad(k * kLanes, 0.0f);
+    for (int64_t j = 0; j < k; j++) std::memcpy(&pad[j * kLanes], e + j * V + full, (V - full) * sizeof(float));
+    block(pad.data(), kLanes, 1);
   }
   const float shared = hsum(shared_total);
   for (int64_t j = 0; j < k; j++) out[j] = hsum(total[j]) + shared;
@@ -211,12 +200,11 @@ void js_terms(const float* e, int64_t k, int64_t V, const float* half_inv, const
 template <typename T>
 void positions(const T* z, int64_t c, int64_t groups, int64_t k, int64_t V, int64_t stride_c,
                int64_t stride_row, float inv_temp, const float* w, float* out, int64_t plane) {
-  thread_local std::vector<float> kept;
-  if (int64_t(kept.size()) < k * V) kept.resize(k * V);
+  // the group's e, for its JS pass; freed on return (malloc reuses it for the next call)
+  std::vector<float> kept(k * V), half_inv(k), half_w(k), js(k);
   const int64_t rows = groups * k;
   for (int64_t p = 0; p < c; p++) {
     for (int64_t g = 0; g < groups; g++) {
-      float half_inv[kMaxRows], half_w[kMaxRows], js[kMaxRows];
       const int64_t first = p * rows + g * k;  // index of the group's first row in [c, rows]
       for (int64_t j = 0; j < k; j++) {
         const T* row = z + p * stride_c + (g * k + j) * stride_row;
@@ -230,7 +218,7 @@ void positions(const T* z, int64_t c, int64_t groups, int64_t k, int64_t V, int6
         half_inv[j] = 0.5f / sums[0];  // Σe ≥ 1 for a finite max; ≥ V·1.6e-38 for garbage rows
         half_w[j] = w[first + j] * half_inv[j];
       }
-      js_terms(kept.data(), k, V, half_inv, half_w, js);
+      js_terms(kept.data(), k, V, half_inv.data(), half_w.data(), js.data());
       for (int64_t j = 0; j < k; j++) out[4 * plane + first + j] = js[j];
     }
   }
@@ -254,8 +242,6 @@ void rows(const T* z, int64_t n, int64_t V, int64_t stride_row, float inv_temp, 
 }  // namespace
 
 extern "C" {
-
-int forksight_max_rows() { return kMaxRows; }
 
 // z: c positions × (groups·k) rows × V logits (row r of position p at p·stride_c + r·stride_row,
 // elements contiguous within a row); w: [c, groups·k] each row's weight in its group's mean

@@ -157,9 +157,10 @@ def token_stats(
     Give logits [B, T, V] (any float dtype) or hidden [B, T, H] + weight [V, H] (+ bias [V]).
     chunk_size bounds the extra memory to chunk_size × V × 4 bytes. With group_ids a block is at
     least one position of the whole batch (about 6·B rows of V), whatever chunk_size says.
-    fused: None (default) runs each block as one compiled kernel (hooks/metrics/fused.py) when
-    the call is large enough to repay the compile and torch.compile works here, else the eager
-    ops; True insists on the compiled kernel, False never compiles. Both agree to float32 rounding.
+    fused: None (default) runs each block as one compiled kernel (hooks/metrics/fused.py: C++ on
+    the CPU, torch.compile elsewhere) when the call is large enough to repay the build and it
+    works here, else the eager ops; True insists on a compiled kernel, False never compiles. They
+    agree to float32 rounding.
     Raises ValueError on bad shapes, ids out of range, or NaN/+inf logits at valid positions.
     """
     src = LogitsSource(logits, hidden, weight, bias)
@@ -175,7 +176,8 @@ def token_stats(
     out["js"] = torch.zeros(shape, dtype=torch.float32, device=src.device) if groups is not None else None
     with torch.no_grad():
         work = src.batch * src.time * src.vocab
-        use_fused = _fused.use_fused(fused, work, src.device)
+        group_rows = None if groups is None or not groups.numel() else src.batch // (int(groups.max()) + 1)
+        use_fused = _fused.use_fused(fused, work, src.device, src.dtype, group_rows)
         if groups is None:
             done = _stats_by_tokens(src, valid, toks, inv_temp, chunk_size, out, use_fused)
         else:
