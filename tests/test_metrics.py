@@ -324,11 +324,13 @@ def test_fused_path_matches_float64_reference_and_the_eager_path(dtype, native, 
     assert ran <= set(fused_kernels.kernels_run())  # the kernels did run
 
 
-def test_fused_js_of_a_large_group_matches_the_reference():
-    z = random_logits((18, 3, 97), seed=33)  # one group of 18: JS's wide kernel (over 16 rows)
-    stats = token_stats(z, group_ids=[0] * 18, fused=True)
+@pytest.mark.parametrize("rows", [18, 70])
+def test_fused_js_of_a_large_group_matches_the_reference(rows):
+    # one group of 18: the C++ kernel (up to 64 rows); of 70: torch.compile's wide kernel
+    z = random_logits((rows, 3, 97), seed=33)
+    stats = token_stats(z, group_ids=[0] * rows, fused=True)
     ref = ref_stats(z.numpy())
-    np.testing.assert_allclose(stats.js.numpy(), ref_js(ref["p"], np.ones((18, 3), bool), [0] * 18), atol=TOL)
+    np.testing.assert_allclose(stats.js.numpy(), ref_js(ref["p"], np.ones((rows, 3), bool), [0] * rows), atol=TOL)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
