@@ -407,6 +407,30 @@ def _position_in_child(z, w):
     return native.position(z, 1.0, w)
 
 
+def test_cpp_kernels_build_with_pips_ninja_when_none_is_on_path(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    # every tool on PATH but ninja (a venv's python run without activating it: pip's ninja is not on PATH)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for folder in filter(os.path.isdir, os.environ["PATH"].split(os.pathsep)):
+        for tool in Path(folder).iterdir():
+            if tool.name != "ninja" and not (bin_dir / tool.name).exists():
+                (bin_dir / tool.name).symlink_to(tool)
+    child = ("import shutil, torch\n"
+             "from forksight.hooks.metrics import fused, native, token_stats\n"
+             "assert shutil.which('ninja') is None\n"
+             "token_stats(torch.randn(2, 3, 40), fused=True)\n"
+             "print(fused.kernels_run(), native.failure())\n")
+    env = {**os.environ, "PATH": str(bin_dir), "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "['rows (C++)'] None"
+
+
 NATIVE_FALLBACK_CHILD = """
 import warnings, torch
 from forksight.hooks.metrics import fused, token_stats

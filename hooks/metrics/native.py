@@ -12,9 +12,11 @@ FORKSIGHT_NATIVE=0 skips them.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
+import shutil
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -78,17 +80,35 @@ class _Library:
             done.result()
 
 
+@contextlib.contextmanager
+def _ninja_on_path():
+    """cpp_extension runs `ninja` from PATH; pip's ninja (a dependency) lives beside this Python,
+    which is not on PATH when a venv's python runs without activating it: put it there meanwhile."""
+    if shutil.which("ninja") is not None:
+        yield
+        return
+    import ninja
+
+    before = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, before]) if before else ninja.BIN_DIR
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = before
+
+
 def _build() -> ctypes.CDLL:
     from torch.utils import cpp_extension
 
     tag, flags = _isa()
-    path = cpp_extension.load(
-        f"forksight_token_kernels_{tag}",
-        [str(SOURCE)],
-        extra_cflags=["-O3", "-ffp-contract=fast", *flags],
-        is_python_module=False,
-        verbose=False,
-    )
+    with _ninja_on_path():
+        path = cpp_extension.load(
+            f"forksight_token_kernels_{tag}",
+            [str(SOURCE)],
+            extra_cflags=["-O3", "-ffp-contract=fast", *flags],
+            is_python_module=False,
+            verbose=False,
+        )
     lib = ctypes.CDLL(path)
     for kernel, argtypes in _ARGTYPES.items():
         for suffix in _SUFFIX.values():
