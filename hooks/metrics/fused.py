@@ -195,7 +195,7 @@ def use_fused(fused: bool | None, elements: int, device: torch.device, dtype: to
     FUSED_MIN_ELEMENTS (torch.compile's first compile). group_rows: rows per group, with JS."""
     if fused is False:
         return False
-    cpp = native.usable(device, dtype) and (group_rows is None or group_rows <= native.MAX_ROWS)
+    cpp = native.usable(device, dtype, group_rows)
     if fused is None:
         if os.environ.get(ENV_SWITCH, "1") == "0":
             return False
@@ -228,10 +228,10 @@ def kernels_run() -> list[str]:
     return sorted({key[0] for key in _KERNELS.proven} | {f"{name} (C++)" for name in native.ran()})
 
 
-def js_block_floats(device: torch.device, dtype: torch.dtype) -> int:
+def js_block_floats(device: torch.device, dtype: torch.dtype, group_rows: int) -> int:
     """Logits per block of the JS path: cache-sized for the compiled kernel, which reads each
     block twice; larger, and per thread, for the C++ one."""
-    if native.usable(device, dtype):
+    if native.usable(device, dtype, group_rows):
         return native.BLOCK_FLOATS * torch.get_num_threads()
     return JS_FLOATS
 

@@ -130,11 +130,12 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def usable(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether position() takes logits of this device and dtype (the CPU; float32 or bfloat16;
-    not switched off; a library that built or has not been tried yet)."""
+def usable(device: torch.device, dtype: torch.dtype, group_rows: int | None = None) -> bool:
+    """Whether the kernels take logits of this device and dtype, in groups of group_rows rows
+    (the CPU; float32 or bfloat16; ≤ MAX_ROWS; not switched off; a library that built or has not
+    been tried yet)."""
     return (torch.device(device).type == "cpu" and dtype in _SUFFIX and _LIBRARY.failed is None
-            and os.environ.get(ENV_SWITCH, "1") != "0")
+            and (group_rows is None or group_rows <= MAX_ROWS) and os.environ.get(ENV_SWITCH, "1") != "0")
 
 
 def _split(n: int, run) -> None:
@@ -175,7 +176,7 @@ def position(z: Tensor, inv_temp: float, w_norm: Tensor) -> tuple[Tensor, ...] |
     rows weighing w_norm [c, G, k] in their group's mean (fused.position's contract); None: this
     kernel cannot take z, use another path."""
     c, groups, k, vocab = z.shape
-    if (not usable(z.device, z.dtype) or k > MAX_ROWS or z.stride(-1) != 1 or z.stride(1) != k * z.stride(2)
+    if (not usable(z.device, z.dtype, k) or z.stride(-1) != 1 or z.stride(1) != k * z.stride(2)
             or (kernel := _kernel("position", z)) is None):
         return None
     weights = w_norm.to(torch.float32).contiguous()

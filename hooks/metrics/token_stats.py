@@ -325,7 +325,7 @@ def _stats_by_positions_fused(src: LogitsSource, valid: Tensor, toks, groups: Te
     act = valid[:, positions].T.contiguous()  # [P, B]
     count = act.to(torch.float32).view(n_pos, n_groups, k).sum(-1)  # [P, G]
     mean_weight = act / count.clamp(min=1)[:, groups]  # [P, B]; 0 when inactive
-    per_block = _block_rows(chunk_size, batch, vocab, _fused.js_block_floats(device, src.dtype))
+    per_block = _block_rows(chunk_size, batch, vocab, _fused.js_block_floats(device, src.dtype, k))
     toks_pos = toks[:, positions].T if toks is not None else None
     parts = []  # per block: m, Σe, Σe·s, Σe², JS + ½H and the sampled token's logit, [c, B] each;
     for start in range(0, n_pos, per_block):  # joined once at the end (one block is one position)
