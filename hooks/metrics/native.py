@@ -113,7 +113,7 @@ def _build() -> ctypes.CDLL:
     for kernel, argtypes in _ARGTYPES.items():
         for suffix in _SUFFIX.values():
             getattr(lib, f"forksight_{kernel}_{suffix}").argtypes = argtypes
-            getattr(lib, f"forksight_{kernel}_{suffix}").restype = None
+            getattr(lib, f"forksight_{kernel}_{suffix}").restype = ctypes.c_int
     return lib
 
 
@@ -184,9 +184,11 @@ def position(z: Tensor, inv_temp: float, w_norm: Tensor) -> tuple[Tensor, ...] |
     per, item = groups * k, z.element_size()
 
     def run(first: int, last: int) -> None:
-        kernel(z.data_ptr() + first * z.stride(0) * item, last - first, groups, k, vocab, z.stride(0),
-               z.stride(2), inv_temp, weights.data_ptr() + first * per * 4, out.data_ptr() + first * per * 4,
-               c * per)
+        if kernel(z.data_ptr() + first * z.stride(0) * item, last - first, groups, k, vocab, z.stride(0),
+                  z.stride(2), inv_temp, weights.data_ptr() + first * per * 4, out.data_ptr() + first * per * 4,
+                  c * per):
+            raise MemoryError(f"the C++ JS kernel could not allocate {k} x {vocab} floats for a group's exp; "
+                              "lower the group size or pass fused=False")
 
     _split(c, run)
     _LIBRARY.ran.add("position")

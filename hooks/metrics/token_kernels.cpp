@@ -241,32 +241,45 @@ void rows(const T* z, int64_t n, int64_t V, int64_t stride_row, float inv_temp, 
 
 }  // namespace
 
+// Each entry returns 0, or 1 when its buffers could not be allocated (no exception crosses into
+// the caller: ctypes cannot take one).
 extern "C" {
 
 // z: c positions × (groups·k) rows × V logits (row r of position p at p·stride_c + r·stride_row,
 // elements contiguous within a row); w: [c, groups·k] each row's weight in its group's mean
 // (1/active count, 0 when inactive); out: 5 planes of `plane` floats, row (p, r) at p·groups·k + r.
-void forksight_position_f32(const float* z, int64_t c, int64_t groups, int64_t k, int64_t V,
-                            int64_t stride_c, int64_t stride_row, float inv_temp, const float* w,
-                            float* out, int64_t plane) {
-  positions(z, c, groups, k, V, stride_c, stride_row, inv_temp, w, out, plane);
+int forksight_position_f32(const float* z, int64_t c, int64_t groups, int64_t k, int64_t V, int64_t stride_c,
+                           int64_t stride_row, float inv_temp, const float* w, float* out, int64_t plane) {
+  try {
+    positions(z, c, groups, k, V, stride_c, stride_row, inv_temp, w, out, plane);
+  } catch (...) {
+    return 1;
+  }
+  return 0;
 }
 
-void forksight_position_bf16(const uint16_t* z, int64_t c, int64_t groups, int64_t k, int64_t V,
-                             int64_t stride_c, int64_t stride_row, float inv_temp, const float* w,
-                             float* out, int64_t plane) {
-  positions(z, c, groups, k, V, stride_c, stride_row, inv_temp, w, out, plane);
+int forksight_position_bf16(const uint16_t* z, int64_t c, int64_t groups, int64_t k, int64_t V,
+                            int64_t stride_c, int64_t stride_row, float inv_temp, const float* w, float* out,
+                            int64_t plane) {
+  try {
+    positions(z, c, groups, k, V, stride_c, stride_row, inv_temp, w, out, plane);
+  } catch (...) {
+    return 1;
+  }
+  return 0;
 }
 
 // z: n rows of V logits (row r at r·stride_row); out: 4 planes (m, Σe, Σe·s, Σe²) of `plane` floats.
-void forksight_rows_f32(const float* z, int64_t n, int64_t V, int64_t stride_row, float inv_temp, float* out,
-                        int64_t plane) {
-  rows(z, n, V, stride_row, inv_temp, out, plane);
+int forksight_rows_f32(const float* z, int64_t n, int64_t V, int64_t stride_row, float inv_temp, float* out,
+                       int64_t plane) {
+  rows(z, n, V, stride_row, inv_temp, out, plane);  // allocates nothing
+  return 0;
 }
 
-void forksight_rows_bf16(const uint16_t* z, int64_t n, int64_t V, int64_t stride_row, float inv_temp,
-                         float* out, int64_t plane) {
+int forksight_rows_bf16(const uint16_t* z, int64_t n, int64_t V, int64_t stride_row, float inv_temp, float* out,
+                        int64_t plane) {
   rows(z, n, V, stride_row, inv_temp, out, plane);
+  return 0;
 }
 
 }  // extern "C"
