@@ -20,6 +20,7 @@ import shutil
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
 from pathlib import Path
 
 import torch
@@ -80,17 +81,29 @@ class _Library:
             done.result()
 
 
+def _pip_ninja_dir() -> str | None:
+    """The folder of the `ninja` executable that pip's ninja package (a dependency) installed:
+    read from its installed file list, so it is found wherever its environment is."""
+    try:
+        files = metadata.files("ninja") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for file in files:
+        if file.name in ("ninja", "ninja.exe") and file.parent.name in ("bin", "Scripts"):
+            return str(Path(file.locate()).resolve().parent)
+    return None
+
+
 @contextlib.contextmanager
 def _ninja_on_path():
-    """cpp_extension runs `ninja` from PATH; pip's ninja (a dependency) lives beside this Python,
-    which is not on PATH when a venv's python runs without activating it: put it there meanwhile."""
-    if shutil.which("ninja") is not None:
+    """cpp_extension runs `ninja` from PATH; pip's ninja is not on PATH when a venv's python runs
+    without activating it: put it there meanwhile."""
+    folder = _pip_ninja_dir() if shutil.which("ninja") is None else None
+    if folder is None:
         yield
         return
-    import ninja
-
     before = os.environ.get("PATH", "")
-    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, before]) if before else ninja.BIN_DIR
+    os.environ["PATH"] = os.pathsep.join([folder, before]) if before else folder
     try:
         yield
     finally:
