@@ -297,7 +297,7 @@ def _fused_case(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("native", [True, False], ids=["C++ JS kernel", "compiled JS kernel"])
+@pytest.mark.parametrize("native", [True, False], ids=["C++ kernels", "torch.compile kernels"])
 def test_fused_path_matches_float64_reference_and_the_eager_path(dtype, native, monkeypatch):
     if not native:
         monkeypatch.setenv("FORKSIGHT_NATIVE", "0")
@@ -338,7 +338,7 @@ def test_cpp_kernels_match_the_reference_on_ragged_vocabularies_groups_and_threa
     from forksight.hooks.metrics import fused as fused_kernels
     from forksight.hooks.metrics import native
 
-    # V not a multiple of the 8 lanes; groups of 1, 5 and 16 rows (the most it unrolls)
+    # V not a multiple of the 8 lanes; groups of 1, 5 and 16 rows
     for vocab, k in ((13, 5), (1001, 16), (4103, 1)):
         z = random_logits((2 * k, 9, vocab), scale=5.0, seed=vocab).to(dtype)
         mask = torch.rand(2 * k, 9, generator=torch.Generator().manual_seed(k)) > 0.25
@@ -405,6 +405,26 @@ def _position_in_child(z, w):
 
     torch.set_num_threads(2)
     return native.position(z, 1.0, w)
+
+
+DEFAULT_PATH_CHILD = """
+import torch
+from forksight.hooks.metrics import fused, token_stats
+token_stats(torch.randn(4, 3, 50), group_ids=[0, 0, 1, 1])     # 600 logits: eager
+print(fused.kernels_run())
+token_stats(torch.randn(8, 32, 300), group_ids=[0] * 4 + [1] * 4)  # 76,800 logits: over NATIVE_MIN_ELEMENTS
+token_stats(torch.randn(8, 32, 300).to(torch.bfloat16))
+print(fused.kernels_run())
+"""
+
+
+def test_by_default_the_cpp_kernels_take_calls_from_their_threshold_on():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", DEFAULT_PATH_CHILD], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:2] == ["[]", "['position (C++)', 'rows (C++)']"]
 
 
 def test_cpp_kernels_build_with_pips_ninja_when_none_is_on_path(tmp_path):
