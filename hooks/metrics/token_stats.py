@@ -176,12 +176,13 @@ def token_stats(
     out["js"] = torch.zeros(shape, dtype=torch.float32, device=src.device) if groups is not None else None
     with torch.no_grad():
         work = src.batch * src.time * src.vocab
-        group_rows = None if groups is None or not groups.numel() else src.batch // (int(groups.max()) + 1)
+        n_groups = int(groups.max()) + 1 if groups is not None and groups.numel() else None  # one sync
+        group_rows = None if n_groups is None else src.batch // n_groups
         use_fused = _fused.use_fused(fused, work, src.device, src.dtype, group_rows)
         if groups is None:
             done = _stats_by_tokens(src, valid, toks, inv_temp, chunk_size, out, use_fused)
         else:
-            done = _stats_by_positions(src, valid, toks, groups, inv_temp, chunk_size, out, use_fused)
+            done = _stats_by_positions(src, valid, toks, groups, n_groups, inv_temp, chunk_size, out, use_fused)
         if not done:  # the compiled kernel could not run here: once more, eager
             if fused:
                 raise RuntimeError(f"the fused per-token kernels cannot run here: {_fused.failure()}")
@@ -229,15 +230,16 @@ def _valid_rows(valid: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _stats_by_positions(
-    src: LogitsSource, valid: Tensor, toks, groups: Tensor, inv_temp: float, chunk_size: int, out: dict,
-    use_fused: bool,
+    src: LogitsSource, valid: Tensor, toks, groups: Tensor, n_groups: int | None, inv_temp: float,
+    chunk_size: int, out: dict, use_fused: bool,
 ) -> bool:
     """With JS: blocks of positions × all B rows, so each group's rollouts sit side by side.
 
     JS(p‖P̄) = H(M) − ½H(p) − ½H(P̄) with M = ½(p + P̄). One small batched matmul per block
     gives every row's M and every group's P̄ straight from exp(s) (the 1/Σe folded into it); the
     fused path does the same in a compiled kernel when the groups are runs of equal size (the
-    usual layout; others take the eager path). False: the fused kernel could not run.
+    usual layout; others take the eager path). n_groups: max(groups) + 1 (None with no rows).
+    False: the fused kernel could not run.
     """
     batch, vocab, device = src.batch, src.vocab, src.device
     positions = valid.any(0).nonzero().squeeze(1)  # only positions some row needs
@@ -245,7 +247,6 @@ def _stats_by_positions(
     n_pos = positions.numel()
     if n_pos == 0:
         return True
-    n_groups = int(groups.max()) + 1
     if use_fused and _fused.equal_runs(groups, n_groups):
         return _stats_by_positions_fused(src, valid, toks, groups, n_groups, positions, positions_host,
                                          inv_temp, chunk_size, out)
