@@ -239,6 +239,18 @@ void rows(const T* z, int64_t n, int64_t V, int64_t stride_row, float inv_temp, 
   }
 }
 
+// positions() for an extern "C" entry: 0, or 1 when its buffers could not be allocated.
+template <typename T>
+int guarded_positions(const T* z, int64_t c, int64_t groups, int64_t k, int64_t V, int64_t stride_c,
+                      int64_t stride_row, float inv_temp, const float* w, float* out, int64_t plane) {
+  try {
+    positions(z, c, groups, k, V, stride_c, stride_row, inv_temp, w, out, plane);
+  } catch (...) {
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 // Each entry returns 0, or 1 when its buffers could not be allocated (no exception crosses into
@@ -250,23 +262,13 @@ extern "C" {
 // (1/active count, 0 when inactive); out: 5 planes of `plane` floats, row (p, r) at p·groups·k + r.
 int forksight_position_f32(const float* z, int64_t c, int64_t groups, int64_t k, int64_t V, int64_t stride_c,
                            int64_t stride_row, float inv_temp, const float* w, float* out, int64_t plane) {
-  try {
-    positions(z, c, groups, k, V, stride_c, stride_row, inv_temp, w, out, plane);
-  } catch (...) {
-    return 1;
-  }
-  return 0;
+  return guarded_positions(z, c, groups, k, V, stride_c, stride_row, inv_temp, w, out, plane);
 }
 
 int forksight_position_bf16(const uint16_t* z, int64_t c, int64_t groups, int64_t k, int64_t V,
                             int64_t stride_c, int64_t stride_row, float inv_temp, const float* w, float* out,
                             int64_t plane) {
-  try {
-    positions(z, c, groups, k, V, stride_c, stride_row, inv_temp, w, out, plane);
-  } catch (...) {
-    return 1;
-  }
-  return 0;
+  return guarded_positions(z, c, groups, k, V, stride_c, stride_row, inv_temp, w, out, plane);
 }
 
 // z: n rows of V logits (row r at r·stride_row); out: 4 planes (m, Σe, Σe·s, Σe²) of `plane` floats.
