@@ -26,6 +26,26 @@ def _entropy_edges() -> np.ndarray:
 # fixed histogram bin edges (nats) shared by every producer, so ranks and steps add up bin by bin
 ENTROPY_EDGES: np.ndarray = _entropy_edges()
 
+# Training–inference mismatch: the per-token log ratio log r = log p_train − log p_sampler (nats).
+# The ratio bands verl and the published diagnostic plot mark: r outside [1/2, 2] and [1/5, 5].
+MISMATCH_BANDS: tuple[float, float] = (2.0, 5.0)
+MISMATCH_LIMIT = 4.0   # |log r| past this (a ratio over ~55x) goes to the end bins
+
+
+def _mismatch_edges() -> np.ndarray:
+    """Symmetric log-ratio bins: 8 log bins per decade of |log r| from 1e-4 to 0.1 nat, 0.05-nat bins
+    to 1, 0.25-nat bins to MISMATCH_LIMIT, with 0 and the ±log 2, ±log 5 bands as edges of their own."""
+    fine = np.logspace(-4, -1, 25)
+    mid = np.arange(0.15, 1.0 + 1e-9, 0.05)
+    wide = np.arange(1.25, MISMATCH_LIMIT + 1e-9, 0.25)
+    bands = np.log(np.asarray(MISMATCH_BANDS))
+    half = np.unique(np.round(np.concatenate([fine, mid, wide, bands]), 6))
+    return np.concatenate([-half[::-1], [0.0], half])
+
+
+# fixed bins of the `mismatch_log_ratio` histogram shared by every producer (ranks and steps add up)
+MISMATCH_EDGES: np.ndarray = _mismatch_edges()
+
 # The media type of an Arrow IPC stream body (token batches): the sinks send it, the collector
 # requires it on its Arrow routes.
 ARROW_MEDIA_TYPE = "application/vnd.apache.arrow.stream"

@@ -141,6 +141,9 @@ TOKENS = Table("tokens", (
     Column("selected", pa.bool_(), "the loss trained on this token"),
     Column("env", pa.bool_(), "environment text (a tool response, the next turn's header): shown in "
            "place, never sampled from the policy nor scored"),
+    Column("sampler_logp", pa.float32(), "log p of the sampled token under the engine that sampled it "
+           "(vLLM, SGLang, a bf16 sampler); null where unknown. logp − sampler_logp is the "
+           "training–inference mismatch"),
 ))
 
 SAMPLES = Table("samples", (

@@ -33,6 +33,11 @@ class Integration:
     num_rows: Callable[[], int | None] | None = None
     # the trainer logs the mean of its per-micro-batch means (TRL): compare like with like
     per_forward_means: bool = False
+    # (sample indices, width) -> [B, width] float32 log p of each token under the inference engine that
+    # sampled it (NaN unknown), right-aligned with the forward's completion columns like env_mask
+    sampler_logp: Callable[[list[int], int], Tensor | None] | None = None
+    # (sample indices, width) -> [B, width] bool: tokens the run's own mismatch correction truncated/masked
+    corrected: Callable[[list[int], int], Tensor | None] | None = None
 
 
 class AttachHandle:
@@ -69,7 +74,9 @@ class AttachHandle:
         self.stats = ForwardStats(model, self.capture.head, group_size=group_size, js_groups=js_groups,
                                   js_budget=js_budget, temperature=temperature, chunk_size=chunk_size,
                                   warn_once=self.capture.warn_once, row_index_fn=integration.row_index,
-                                  env_mask_fn=integration.env_mask, selection_fn=integration.selection)
+                                  env_mask_fn=integration.env_mask, selection_fn=integration.selection,
+                                  sampler_logp_fn=integration.sampler_logp, corrected_fn=integration.corrected)
+        self._sampler: dict[int, tuple[Tensor, Tensor | None]] = {}  # sample index -> (log p, corrected)
 
     @property
     def enabled(self) -> bool:
@@ -88,6 +95,8 @@ class AttachHandle:
         self._add(self.stats.from_fused(ctx, kwargs, out, self.buffer.rows_seen()))
 
     def _add(self, record: ForwardRecord) -> None:
+        if record.sampler_logp is None and self._sampler:
+            self._place_sampler(record)
         self.buffer.add(record)
         if self.auto_step:
             self.flush()
@@ -103,6 +112,46 @@ class AttachHandle:
         rows = sample_rows(prompts, completions, rewards, correct, group_ids, sample_ids, self.group_size, source)
         self.samples.add(self.step if step is None else int(step), rows, self.step, scalars)
 
+    def log_sampler_logp(self, sampler_logp, sample_ids: Sequence[int] | None = None,
+                         corrected=None) -> None:
+        """The inference engine's log p of each sampled completion token, for the forwards to come in this
+        step: one row per sample (a list of 1-D sequences, or a [B, T] tensor whose row i starts with
+        sample i's completion tokens in order; extra columns are padding). sample_ids default to rows
+        0, 1, ... of the step, as the forwards see them. corrected (same shape, bool): tokens your own
+        correction (truncated/masked importance sampling) changed. Row i's values land on the i-th
+        forward row's completion tokens in order; a row shorter than its completion is warned about
+        and stored as null."""
+        rows = [torch.as_tensor(r, dtype=torch.float32).reshape(-1) for r in sampler_logp]
+        fixed = [None] * len(rows) if corrected is None else [torch.as_tensor(c).bool().reshape(-1) for c in corrected]
+        ids = range(len(rows)) if sample_ids is None else [int(i) for i in sample_ids]
+        if len(ids) != len(rows) or len(fixed) != len(rows):
+            raise ValueError(f"log_sampler_logp: {len(rows)} rows of log p, {len(ids)} sample ids and "
+                             f"{len(fixed)} corrected rows: give one of each per sample")
+        self._sampler.update(zip(ids, zip(rows, fixed)))
+
+    def _place_sampler(self, record: ForwardRecord) -> None:
+        """Row i's logged sampler log p on its forward row's model tokens, in order (any padding)."""
+        sampler = torch.full(record.mask.shape, float("nan"))
+        corrected = torch.zeros(record.mask.shape, dtype=torch.bool)
+        any_fixed = False
+        mask = record.mask.cpu()
+        for r, i in enumerate(record.index):
+            values, fixed = self._sampler.pop(i, (None, None))
+            cols = mask[r].nonzero().flatten()
+            if values is None or not cols.numel():
+                continue
+            if values.numel() < cols.numel():
+                self.capture.warn_once("sampler_short", f"forksight: sample {i} has {values.numel()} sampler log p "
+                                       f"value(s) for {cols.numel()} completion tokens: give one per token; "
+                                       "such rows are stored without a sampler log p")
+                continue
+            sampler[r, cols] = values[: cols.numel()]
+            if fixed is not None and fixed.numel() >= cols.numel():
+                corrected[r, cols] = fixed[: cols.numel()]
+                any_fixed = True
+        record.sampler_logp = sampler.to(record.mask.device)
+        record.corrected = corrected.to(record.mask.device) if any_fixed else None
+
     def flush(self, step: int | None = None, extra: dict[str, float] | None = None,
               advantages: Sequence[float] | None = None) -> dict[str, float] | None:
         """Report the buffered forwards as one step (default: the step being accumulated).
@@ -111,6 +160,7 @@ class AttachHandle:
         """
         step = self.step if step is None else int(step)
         records = self.buffer.take()
+        self._sampler.clear()   # rows logged for this step that no forward showed
         self.step = step + 1
         lengths = {i: int(n) for r in records for i, n in zip(r.index, r.mask.sum(1).tolist())}
         self.samples.release(step, lengths)

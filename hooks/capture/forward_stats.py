@@ -31,6 +31,8 @@ class ForwardRecord:
     index: list[int]
     env: Tensor | None = None       # environment tokens (tool output): shown, never counted
     selected: Tensor | None = None
+    sampler_logp: Tensor | None = None   # the inference engine's log p of each token (NaN: unknown)
+    corrected: Tensor | None = None      # tokens the run's own mismatch correction truncated or masked
 
 
 def _first_valid_column(mask: Tensor) -> int:
@@ -47,7 +49,9 @@ class ForwardStats:
                  warn_once: Callable[[str, str], None],
                  row_index_fn: Callable[[Tensor], list[int] | None] | None = None,
                  env_mask_fn: Callable[[list[int], int], Tensor | None] | None = None,
-                 selection_fn: Callable[[Tensor, Tensor], Tensor | None] | None = None):
+                 selection_fn: Callable[[Tensor, Tensor], Tensor | None] | None = None,
+                 sampler_logp_fn: Callable[[list[int], int], Tensor | None] | None = None,
+                 corrected_fn: Callable[[list[int], int], Tensor | None] | None = None):
         self.model, self.head = model, head
         self.group_size, self.js_groups, self.js_budget = group_size, js_groups, js_budget
         self.temperature, self.chunk_size = temperature, chunk_size
@@ -58,6 +62,8 @@ class ForwardStats:
         self.env_mask_fn = env_mask_fn
         # (entropy, mask) -> the tokens the trainer trains on
         self.selection_fn = selection_fn
+        # (sample indices, width) -> [B, width] sampler log p (NaN unknown) / corrected tokens, right-aligned
+        self.sampler_logp_fn, self.corrected_fn = sampler_logp_fn, corrected_fn
         self._js_credit = 0.0
 
     # ------------------------------------------------------------------ rows and groups
@@ -171,4 +177,9 @@ class ForwardStats:
 
     def _record(self, entropy, renyi2, top1, logp, js, mask, tokens, index, env) -> ForwardRecord:
         selected = self.selection_fn(entropy, mask) if self.selection_fn is not None else None
-        return ForwardRecord(entropy, renyi2, top1, logp, js, mask, tokens, index, env, selected)
+        width = mask.shape[1]
+        sampler = self.sampler_logp_fn(index, width) if self.sampler_logp_fn is not None else None
+        corrected = self.corrected_fn(index, width) if self.corrected_fn is not None else None
+        return ForwardRecord(entropy, renyi2, top1, logp, js, mask, tokens, index, env, selected,
+                             sampler.to(mask.device) if sampler is not None else None,
+                             corrected.to(mask.device) if corrected is not None else None)

@@ -5,6 +5,7 @@ the reporter only summarises and ships what was computed — no second pass over
 from __future__ import annotations
 
 import math
+import warnings
 from collections import defaultdict
 from typing import Any, Sequence
 
@@ -12,8 +13,9 @@ import numpy as np
 import torch
 
 from forksight.base.interfaces import Sink
-from forksight.base.constants import FORK_ENTROPY
+from forksight.base.constants import FORK_ENTROPY, MISMATCH_EDGES
 from forksight.hooks import metrics
+from forksight.hooks.metrics.mismatch import clean_sampler_logp, log_ratio, mismatch_scalars
 
 
 def _np(x: Any) -> np.ndarray:
@@ -38,6 +40,7 @@ class StepReporter:
         self.max_token_rows = max_token_rows
         self.fork_entropy = fork_entropy
         self._texts: dict[int, str] = {}  # token id -> its text
+        self._warned: set[str] = set()
 
     def report(self, step: int, stats: "metrics.TokenStats", token_ids: torch.Tensor, *,
                selected: torch.Tensor | None = None, fork: torch.Tensor | None = None,
@@ -45,16 +48,23 @@ class StepReporter:
                advantages: torch.Tensor | None = None, samples: list[dict] | None = None,
                extra: dict[str, float] | None = None, weight: float | None = None,
                sample_ids: Sequence[int] | None = None, parts: torch.Tensor | None = None,
-               env_mask: torch.Tensor | None = None) -> dict[str, float]:
+               env_mask: torch.Tensor | None = None, sampler_logp: torch.Tensor | None = None,
+               corrected: torch.Tensor | None = None) -> dict[str, float]:
         """Ship one step to the sink and return its scalars. sample_ids: stored id per row (unique across
         ranks); parts: micro-batch per row (means per micro-batch, as TRL logs them); env_mask: tokens
-        a tool wrote, stored as token rows with null statistics and never counted."""
+        a tool wrote, stored as token rows with null statistics and never counted. sampler_logp [B, T]:
+        the inference engine's log p of each sampled token, aligned with stats.logp (NaN: unknown);
+        corrected [B, T]: tokens the run's own mismatch correction truncated or masked."""
         mask = stats.mask.bool()
         if fork is None:
             fork = (stats.entropy >= self.fork_entropy) & mask
         n_tokens = int(mask.sum())
         scalars = metrics.summarize(stats, selected=selected, advantages=advantages, parts=parts,
                                     fork_entropy=self.fork_entropy)
+        sampler_logp = self._sampler_logp(sampler_logp, mask)
+        if sampler_logp is not None and stats.logp is not None:
+            corrected = corrected if corrected is None or corrected.shape == mask.shape else None
+            scalars.update(mismatch_scalars(stats.logp, sampler_logp, mask, fork=fork, corrected=corrected))
         if group_ids is None:
             group_ids = list(range(mask.shape[0]))
         group_list = [int(g) for g in _np(group_ids).tolist()]
@@ -71,15 +81,40 @@ class StepReporter:
         if n_tokens:
             counts = metrics.histogram(_np(stats.entropy[mask]), metrics.ENTROPY_EDGES)
             self.sink.log_histogram(step, "entropy", counts, metrics.ENTROPY_EDGES)
+        if "mismatch/tokens" in scalars:
+            lr = log_ratio(stats.logp, sampler_logp, mask)
+            counts = metrics.histogram(lr[~torch.isnan(lr)].numpy(), MISMATCH_EDGES)
+            self.sink.log_histogram(step, "mismatch_log_ratio", counts, MISMATCH_EDGES)
         env = env_mask.bool() & ~mask if env_mask is not None else torch.zeros_like(mask)
-        rows = self._token_rows(stats, token_ids, mask, env, fork, selected, group_list, ids)
+        rows = self._token_rows(stats, token_ids, mask, env, fork, selected, group_list, ids, sampler_logp)
         if rows:
             self.sink.log_tokens(step, rows)
         if samples:
             self.sink.log_samples(step, self._sample_rows(samples, group_list, mask, ids))
         return scalars
 
-    def _token_rows(self, stats, token_ids, mask, env, fork, selected, group_list, sample_ids) -> dict[str, list] | None:
+    def _sampler_logp(self, sampler_logp: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor | None:
+        """The sampler's log p checked against the step's shape and cleaned; a bad one is warned about
+        once per kind and stored as null, never raised: monitoring must not stop training."""
+        if sampler_logp is None:
+            return None
+        if tuple(sampler_logp.shape) != tuple(mask.shape):
+            self._warn("shape", f"sampler_logp has shape {tuple(sampler_logp.shape)} but the step's tokens are "
+                                f"{tuple(mask.shape)}: give one sampler log p per completion token, aligned with "
+                                f"the trainer's; this step's sampler log p is not stored")
+            return None
+        values, problem = clean_sampler_logp(sampler_logp, mask, "sampler_logp")
+        if problem:
+            self._warn("values", problem)
+        return values
+
+    def _warn(self, kind: str, message: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            warnings.warn(message, stacklevel=3)
+
+    def _token_rows(self, stats, token_ids, mask, env, fork, selected, group_list, sample_ids,
+                    sampler_logp=None) -> dict[str, list] | None:
         """Token rows for every rollout of the first `token_groups` groups, capped in size; the
         environment's tokens keep their place in the text with null statistics."""
         shown = (mask | env).any(1).tolist()  # a rank's rows: other ranks' rows have no tokens here
@@ -88,6 +123,9 @@ class StepReporter:
         cols: dict[str, list] = defaultdict(list)
         ids = _np(token_ids)
         arrays = {name: _np(getattr(stats, name)) for name in _TOKEN_FIELDS if getattr(stats, name) is not None}
+        fields = _TOKEN_FIELDS
+        if sampler_logp is not None:
+            arrays["sampler_logp"], fields = _np(sampler_logp), _TOKEN_FIELDS + ("sampler_logp",)
         fork_np = _np(fork).astype(bool)
         sel_np = _np(selected).astype(bool) if selected is not None else None
         mask_np, env_np = _np(mask).astype(bool), _np(env).astype(bool)
@@ -101,7 +139,7 @@ class StepReporter:
             cols["pos"] += list(range(n))
             cols["token_id"] += ids[r, positions].tolist()
             cols["token"] += self._token_texts(ids[r, positions].tolist())
-            for name in _TOKEN_FIELDS:
+            for name in fields:
                 # NaN = not computed (JS on a sample of groups), env text = never scored: both null
                 values = arrays[name][r, positions].tolist() if name in arrays else [None] * n
                 cols[name] += [None if v is None or not m or math.isnan(v) else v for v, m in zip(values, model)]

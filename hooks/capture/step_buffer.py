@@ -52,6 +52,9 @@ class StepBuffer:
             js=gather("js", 0.0, torch.float32), mask=gather("mask", False, torch.bool))
         selected = gather("selected", False, torch.bool) if any(r.selected is not None for r in records) else None
         env = gather("env", False, torch.bool) if any(r.env is not None for r in records) else None
+        sampler = (gather("sampler_logp", float("nan"), torch.float32)
+                   if any(r.sampler_logp is not None for r in records) else None)
+        corrected = gather("corrected", False, torch.bool) if any(r.corrected is not None for r in records) else None
         parts = None
         if per_forward_means:  # micro-batch of each row, as TRL averages its per-micro-batch means
             parts = torch.full((size,), -1, dtype=torch.long)
@@ -62,4 +65,5 @@ class StepBuffer:
         if advantages is not None and len(advantages) >= size:
             adv = torch.as_tensor([float(a) for a in advantages[:size]], device=device)
         return reporter.report(step, stats, gather("tokens", 0, torch.long), selected=selected, group_ids=groups,
-                               advantages=adv, extra=dict(extra or {}), parts=parts, env_mask=env)
+                               advantages=adv, extra=dict(extra or {}), parts=parts, env_mask=env,
+                               sampler_logp=sampler, corrected=corrected)
