@@ -15,7 +15,7 @@ import torch
 from forksight.base.interfaces import Sink
 from forksight.base.constants import FORK_ENTROPY, MISMATCH_EDGES
 from forksight.hooks import metrics
-from forksight.hooks.metrics.mismatch import clean_sampler_logp, log_ratio, mismatch_scalars
+from forksight.hooks.metrics.mismatch import clean_sampler_logp, log_ratio, ratio_scalars
 
 
 def _np(x: Any) -> np.ndarray:
@@ -62,9 +62,11 @@ class StepReporter:
         scalars = metrics.summarize(stats, selected=selected, advantages=advantages, parts=parts,
                                     fork_entropy=self.fork_entropy)
         sampler_logp = self._sampler_logp(sampler_logp, mask)
+        ratios = None
         if sampler_logp is not None and stats.logp is not None:
             corrected = corrected if corrected is None or corrected.shape == mask.shape else None
-            scalars.update(mismatch_scalars(stats.logp, sampler_logp, mask, fork=fork, corrected=corrected))
+            ratios = log_ratio(stats.logp, sampler_logp, mask)
+            scalars.update(ratio_scalars(ratios, fork=fork, corrected=corrected))
         if group_ids is None:
             group_ids = list(range(mask.shape[0]))
         group_list = [int(g) for g in _np(group_ids).tolist()]
@@ -82,8 +84,7 @@ class StepReporter:
             counts = metrics.histogram(_np(stats.entropy[mask]), metrics.ENTROPY_EDGES)
             self.sink.log_histogram(step, "entropy", counts, metrics.ENTROPY_EDGES)
         if "mismatch/tokens" in scalars:
-            lr = log_ratio(stats.logp, sampler_logp, mask)
-            counts = metrics.histogram(lr[~torch.isnan(lr)].numpy(), MISMATCH_EDGES)
+            counts = metrics.histogram(ratios[~torch.isnan(ratios)].numpy(), MISMATCH_EDGES)
             self.sink.log_histogram(step, "mismatch_log_ratio", counts, MISMATCH_EDGES)
         env = env_mask.bool() & ~mask if env_mask is not None else torch.zeros_like(mask)
         rows = self._token_rows(stats, token_ids, mask, env, fork, selected, group_list, ids, sampler_logp)

@@ -80,7 +80,11 @@ def mismatch_scalars(logp: Tensor, sampler_logp: Tensor, mask: Tensor, fork: Ten
     """The step's `mismatch/*` scalars over mask-valid tokens whose trainer and sampler log p are both
     known (empty when none is); with fork, the token-level keys again over `/fork` and `/nonfork` tokens.
     corrected [B, T] bool: tokens the run's own correction (TIS truncation, MIS masking) changed."""
-    lr = log_ratio(logp, sampler_logp, mask)
+    return ratio_scalars(log_ratio(logp, sampler_logp, mask), fork=fork, corrected=corrected)
+
+
+def ratio_scalars(lr: Tensor, fork: Tensor | None = None, corrected: Tensor | None = None) -> dict[str, float]:
+    """`mismatch_scalars` of log ratios already computed by `log_ratio` [B, T] (NaN: not counted)."""
     known = ~torch.isnan(lr)
     if not bool(known.any()):
         return {}
