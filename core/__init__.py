@@ -10,6 +10,7 @@ The public API is what this module names; everything under `forksight.monitor`,
     forksight.RunSpec(name=, project=, ...)  one run's name and fields, frozen and validated (`run=` of the above)
     forksight.serve(db, host=, port=)      a collector + dashboard running in this process
     forksight.token_stats(...), forksight.pass_at_k(n, c, k)   the per-token math
+    forksight.mismatch_scalars(logp, sampler_logp, mask)      training–inference mismatch of sampled tokens
 
 Names load on first use, so `import forksight` imports neither torch nor Dash.
 """
@@ -34,6 +35,7 @@ _PUBLIC = {
     "TokenStats": "forksight.hooks.metrics",
     "pass_at_k": "forksight.hooks.metrics",
     "pass_at_k_groups": "forksight.hooks.metrics",
+    "mismatch_scalars": "forksight.hooks.metrics",
 }
 _SUBMODULES = ("trl", "verl")
 
