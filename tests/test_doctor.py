@@ -5,6 +5,7 @@ judged from the logged entropy here, not by the detectors."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -159,3 +160,131 @@ def test_recurring_gradient_spikes_in_a_real_trl_run():
         [alert] = result.alerts
         assert alert["detector"] == "gradient" and alert["evidence"]["kind"] == "spikes"
         assert set(alert["evidence"]["spikes"]) <= set(big) and alert["step"] == alert["evidence"]["spikes"][-1]
+
+
+# ---------------------------------------------------------------------------- peers' mismatch scalars
+VERL_PY = Path(__file__).resolve().parents[1] / ".venv" / "verl" / "bin" / "python"
+MISMATCH_STEPS, DRIFT = 24, 12          # the detector's baseline is the median of a key's first 10 values
+
+
+def mismatch_batches() -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per step: trainer and sampler log p of the sampled tokens [B, T] (float32) and the completion mask;
+    the sampler drifts ten times more from index DRIFT on (logged step DRIFT + 1)."""
+    rng = np.random.default_rng(7)
+    out = []
+    for step in range(MISMATCH_STEPS):
+        lengths = rng.integers(3, 9, size=6)
+        mask = np.arange(8)[None, :] < lengths[:, None]
+        sampler = -rng.gamma(1.0, 1.0, size=(6, 8))
+        drift = rng.normal(0.0, 0.05 if step < DRIFT else 0.5, size=(6, 8))
+        trainer = np.minimum(sampler + drift, 0.0)
+        out.append((trainer.astype(np.float32), sampler.astype(np.float32), mask))
+    return out
+
+
+def forksight_mismatch(trainer, sampler, mask) -> dict[str, float]:
+    import torch
+
+    from forksight.hooks.metrics.mismatch import mismatch_scalars
+
+    return mismatch_scalars(torch.from_numpy(trainer), torch.from_numpy(sampler), torch.from_numpy(mask))
+
+
+def test_doctor_reads_trls_mismatch_scalars_where_they_mean_forksights(tmp_path, capsys):
+    """A trainer_state.json (saved by transformers' TrainerState) holding what GRPOTrainer logs with vLLM's
+    importance sampling (trl 1.16 grpo_trainer.py, default sequence_mask with clip max 3): the log p
+    difference maps onto mismatch/logp_diff_abs_*, the corrected ratios keep TRL's names."""
+    from transformers import TrainerState
+
+    history = []
+    for step, (trainer, sampler, mask) in enumerate(mismatch_batches(), 1):
+        sampler = sampler.copy()
+        sampler[0, 0] = np.nan                                   # a token vLLM could not score
+        delta = np.abs(trainer - sampler)[mask & ~np.isnan(sampler)]
+        diff = np.nan_to_num((trainer - sampler) * mask, nan=0.0).sum(-1)      # per sequence
+        ratio = np.exp(diff)
+        ratio = np.where(ratio > 3.0, 0.0, ratio)                               # sequence_mask
+        history.append({"step": step, "entropy": 1.0, "reward": 0.5,
+                        "sampling/sampling_logp_difference/mean": float(delta.mean()),
+                        "sampling/sampling_logp_difference/max": float(delta.max()),
+                        "sampling/importance_sampling_ratio/min": float(ratio.min()),
+                        "sampling/importance_sampling_ratio/mean": float(ratio.mean()),
+                        "sampling/importance_sampling_ratio/max": float(ratio.max())})
+    TrainerState(log_history=history, global_step=MISMATCH_STEPS).save_to_json(str(tmp_path / "trainer_state.json"))
+    assert cli.main(["doctor", str(tmp_path / "trainer_state.json"), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "train_inference_mismatch" in report["checked"]
+    result = diagnose(str(tmp_path / "trainer_state.json"))
+    fired = [a for a in result.alerts if a["detector"] == "train_inference_mismatch"]
+    assert fired and min(a["step"] for a in fired) > DRIFT and fired[0]["signal"] == "mismatch/logp_diff_abs_mean"
+    for row, (trainer, sampler, mask), logged in zip(result.rows, mismatch_batches(), history):
+        sampler = sampler.copy()
+        sampler[0, 0] = np.nan
+        ours = forksight_mismatch(trainer, sampler, mask)
+        lr = (trainer.astype(np.float64) - sampler)[mask & ~np.isnan(sampler)]
+        assert row["mismatch/logp_diff_abs_mean"] == pytest.approx(ours["mismatch/logp_diff_abs_mean"], rel=1e-6)
+        assert row["mismatch/logp_diff_abs_mean"] == pytest.approx(np.abs(lr).mean(), rel=1e-6)
+        assert row["mismatch/logp_diff_abs_max"] == pytest.approx(np.abs(lr).max(), rel=1e-6)
+        # after TRL's masking the ratios are not forksight's token ratios: their own names
+        assert row["sampling/importance_sampling_ratio/mean"] == logged["sampling/importance_sampling_ratio/mean"]
+        assert not any(k.startswith("mismatch/is_ratio") for k in row)
+
+
+@pytest.mark.skipif(not VERL_PY.exists(), reason=".venv/verl is absent: `make verl-env` builds it")
+def test_doctor_and_import_read_verls_rollout_corr_scalars(tmp_path, capsys):
+    """verl's own rollout correction (compute_rollout_correction_and_add_to_batch, token TIS at 2) and debug
+    metrics, logged by its Tracking file backend: rollout_corr/kl and k3_kl are forksight's k1 and k3 over
+    the same tokens; the truncated ratios, log-PPL and probability differences keep verl's names."""
+    from forksight.monitor.collector.store import Store
+
+    batches = mismatch_batches()
+    np.savez(tmp_path / "batches.npz", **{f"{name}{s}": a for s, b in enumerate(batches)
+                                          for name, a in zip(("trainer", "sampler", "mask"), b)})
+    code = f"""
+import numpy as np, torch
+from verl.protocol import DataProto
+from verl.trainer.config.algorithm import RolloutCorrectionConfig
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.utils.debug.metrics import calculate_debug_metrics
+from verl.utils.tracking import Tracking
+data = np.load("batches.npz")
+tracking = Tracking(project_name="p", experiment_name="e", default_backend="file")
+config = RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold=2.0)
+for s in range({MISMATCH_STEPS}):
+    old, rollout = torch.from_numpy(data[f"trainer{{s}}"]), torch.from_numpy(data[f"sampler{{s}}"])
+    mask = torch.from_numpy(data[f"mask{{s}}"]).float()
+    batch = DataProto.from_dict(tensors={{"old_log_probs": old, "rollout_log_probs": rollout, "response_mask": mask,
+                                         "responses": torch.zeros_like(old, dtype=torch.long)}})
+    metrics = calculate_debug_metrics(batch)
+    _, corr = compute_rollout_correction_and_add_to_batch(batch, config)
+    tracking.log({{**metrics, **corr, "actor/entropy": 1.0}}, step=s + 1)
+tracking.logger["file"].finish()
+"""
+    log = tmp_path / "verl.jsonl"
+    proc = subprocess.run([str(VERL_PY), "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={"VERL_FILE_LOGGER_PATH": str(log), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    logged = [json.loads(line)["data"] for line in log.read_text().splitlines()]
+    result = diagnose(str(log))
+    assert result.kind == "verl" and result.steps == list(range(1, MISMATCH_STEPS + 1))
+    assert "train_inference_mismatch" in result.checked
+    for row, (trainer, sampler, mask), raw in zip(result.rows, batches, logged):
+        ours = forksight_mismatch(trainer, sampler, mask)
+        lr = (trainer.astype(np.float64) - sampler)[mask]
+        assert row["mismatch/kl_k1"] == pytest.approx(ours["mismatch/kl_k1"], rel=1e-4, abs=1e-7)
+        assert row["mismatch/kl_k1"] == pytest.approx(np.mean(-lr), rel=1e-4, abs=1e-7)
+        assert row["mismatch/kl_k3"] == pytest.approx(ours["mismatch/kl_k3"], rel=1e-4, abs=1e-7)
+        assert row["mismatch/kl_k3"] == pytest.approx(np.mean(np.expm1(lr) - lr), rel=1e-4, abs=1e-7)
+        for own in ("rollout_corr/rollout_is_mean", "rollout_corr/log_ppl_diff", "training/rollout_probs_diff_max"):
+            assert row[own] == raw[own]
+    late = np.mean([r["mismatch/kl_k3"] for r in result.rows[DRIFT:]])
+    assert late > 10 * np.mean([r["mismatch/kl_k3"] for r in result.rows[:DRIFT]])    # the drift shows
+    fired = [a for a in result.alerts if a["detector"] == "train_inference_mismatch"]
+    assert fired and min(a["step"] for a in fired) > DRIFT and fired[0]["signal"] == "mismatch/kl_k3"
+    # and `forksight import` stores them under forksight's keys for the run page and the detector
+    db = str(tmp_path / "v.duckdb")
+    assert cli.main(["import", str(log), "--db", db, "--run", "v"]) == 0
+    capsys.readouterr()
+    with Store(db) as store:
+        stored = store.reader.read_scalars("v", keys=["mismatch/kl_k3"], downsample=1000)
+    assert stored["value"].tolist() == pytest.approx([r["mismatch/kl_k3"] for r in result.rows])

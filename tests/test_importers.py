@@ -36,6 +36,17 @@ def test_canonical_names_for_trl_verl_and_openrlhf():
     assert canonical("my/own") == "my/own" and canonical("eval_loss") == "eval/loss"
 
 
+def test_mismatch_names_map_only_where_the_meaning_is_forksights():
+    assert canonical("rollout_corr/kl") == "mismatch/kl_k1"                     # verl: mean(log p_sampler − log p_train)
+    assert canonical("rollout_corr/k3_kl") == canonical("mismatch_kl/all/mean") == "mismatch/kl_k3"   # verl, prime-rl
+    assert canonical("train/sampling/sampling_logp_difference/mean") == "mismatch/logp_diff_abs_mean"  # TRL in TB
+    assert canonical("sampling/sampling_logp_difference/max") == "mismatch/logp_diff_abs_max"
+    # ratios after the run's own truncation/masking, sequence-level PPL, probability (not log p) differences
+    for own in ("sampling/importance_sampling_ratio/mean", "rollout_corr/rollout_is_max", "rollout_corr/log_ppl_diff",
+                "training/rollout_probs_diff_max", "rollout_corr/rollout_rs_masked_fraction"):
+        assert canonical(own) == own
+
+
 def test_tensorboard_directory_written_by_summarywriter(tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 

@@ -20,6 +20,8 @@ NEEDS = {
     "truncation": ("length/clip_frac",), "clip_saturation": ("clip/frac",), "kl_drift": ("kl",),
     "gradient": ("grad_norm",), "reward_eval_divergence": ("eval/reward", "eval/pass@1"),
     "reward_composition": ("rewards/<name>/mean",),
+    "train_inference_mismatch": ("mismatch/kl_k3", "mismatch/kl_k1", "mismatch/logp_diff_abs_mean",
+                                 "mismatch/frac_outside_2x", "mismatch/seq_ess"),
 }
 SEVERITY_RANK = {"healthy": 0, "warning": 1, "critical": 2}
 
@@ -36,6 +38,7 @@ class Diagnosis:
     alerts: list[dict] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
     not_checked: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)        # what the source held that could not be read as is
 
     @property
     def verdict(self) -> str:
@@ -45,7 +48,7 @@ class Diagnosis:
         return {"run": self.name, "source": self.source, "kind": self.kind, "steps": len(self.steps),
                 "first_step": self.steps[0] if self.steps else None, "last_step": self.steps[-1] if self.steps else None,
                 "verdict": self.verdict, "findings": self.alerts, "checked": self.checked,
-                "not_checked": self.not_checked}
+                "not_checked": self.not_checked, "notes": self.notes}
 
 
 def _is_duckdb(path: Path) -> bool:
@@ -58,23 +61,44 @@ def _is_duckdb(path: Path) -> bool:
         return False
 
 
-def load(source: str, run: str | None = None) -> tuple[str, str, list[int], list[dict], dict, list, list]:
-    """(name, kind, steps, rows, config, samples, tokens) of one run; ValueError with what was expected
-    otherwise. Samples (TRL's completions log) add pass@k to the steps; tokens are prime-rl's."""
+@dataclass
+class Loaded:
+    """One run as read: its steps of {forksight key: value}, and what an import stores besides."""
+
+    name: str
+    kind: str
+    steps: list[int]
+    rows: list[dict]
+    config: dict
+    samples: list = field(default_factory=list)       # samples-table rows (TRL's completions log)
+    tokens: list = field(default_factory=list)        # tokens-table Arrow tables (prime-rl's export)
+    histograms: list = field(default_factory=list)    # {step, key, counts, edges} (mismatch_log_ratio)
+    notes: list = field(default_factory=list)         # what was read other than as written, for stderr
+
+
+def load(source: str, run: str | None = None) -> Loaded:
+    """One run; ValueError with what was expected otherwise. Samples (TRL's completions log) add pass@k
+    to the steps; tokens (prime-rl's) add the mismatch scalars and histogram a live run would have."""
     from forksight.monitor.importers import read_source
 
     path = Path(source)
     if path.is_file() and _is_duckdb(path):
         return _load_db(path, run)
     imported = read_source(path)
-    steps, rows = imported.steps, imported.rows
+    out = Loaded(imported.name, imported.kind, imported.steps, imported.rows, imported.config,
+                 imported.samples, imported.tokens)
     if imported.samples:
         from forksight.compose.import_extras import merge_sample_scalars
 
-        steps, rows = merge_sample_scalars(steps, rows, imported.samples)
-    if not steps:
+        out.steps, out.rows = merge_sample_scalars(out.steps, out.rows, imported.samples)
+    if imported.tokens:
+        from forksight.compose.import_mismatch import import_mismatch
+
+        out.steps, out.rows, out.tokens, out.histograms, out.notes = import_mismatch(
+            out.steps, out.rows, imported.tokens, imported.corrected, imported.kind)
+    if not out.steps:
         raise ValueError(f"{source} was read as {imported.kind} but holds no step with a number in it")
-    return imported.name, imported.kind, steps, rows, imported.config, imported.samples, imported.tokens
+    return out
 
 
 def _load_db(path: Path, run: str | None):
@@ -97,14 +121,15 @@ def _load_db(path: Path, run: str | None):
     for step, group in frame.sort_values(["step", "key"]).groupby("step", sort=True):
         steps.append(int(step))
         rows.append(dict(zip(group["key"], group["value"].astype(float))))
-    return run, "forksight", steps, rows, config if isinstance(config, dict) else {}, [], []
+    return Loaded(run, "forksight", steps, rows, config if isinstance(config, dict) else {})
 
 
 def diagnose(source: str, run: str | None = None, config=None) -> Diagnosis:
     """Replay every detector over the run's steps (in step order) and say what was checked."""
     from forksight.monitor.alerts.hub import AlertMonitor, alert_row, evidence_of
 
-    name, kind, steps, rows, run_config, _, _ = load(source, run)
+    loaded = load(source, run)
+    name, kind, steps, rows, run_config = loaded.name, loaded.kind, loaded.steps, loaded.rows, loaded.config
     vocab = run_config.get("vocab_size") if isinstance(run_config.get("vocab_size"), int) else None
     monitor = AlertMonitor(config, vocab)
     alerts = []
@@ -122,7 +147,8 @@ def diagnose(source: str, run: str | None = None, config=None) -> Diagnosis:
         for d, need in NEEDS.items()}
     return Diagnosis(name, str(source), kind, steps, rows, alerts,
                      checked=[d for d, ok in present.items() if ok],
-                     not_checked={d: f"needs {' or '.join(NEEDS[d])}" for d, ok in present.items() if not ok})
+                     not_checked={d: f"needs {' or '.join(NEEDS[d])}" for d, ok in present.items() if not ok},
+                     notes=loaded.notes)
 
 
 # ---------------------------------------------------------------------------- commands
@@ -168,6 +194,8 @@ def run_doctor(args: argparse.Namespace) -> int:
         result = diagnose(args.source, args.run, config)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         return _fail("doctor", str(exc))
+    for note in result.notes:
+        print(f"forksight doctor: warning: {note}", file=sys.stderr)
     text = render(result, args.format)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
@@ -181,19 +209,23 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 def run_import(args: argparse.Namespace) -> int:
     from forksight.base.limits import MAX_KEY_CHARS, NONFINITE_PREFIX
-    from forksight.base.records import Records, scalars_table
+    from forksight.base.records import Records, histograms_table, scalars_table
     from forksight.compose.alerts_cli import replay_rows, write_rows
     from forksight.compose.import_extras import write_extras
     from forksight.monitor.collector.store import Store
 
     try:
-        name, kind, steps, rows, run_config, samples, tokens = load(args.source)
+        loaded = load(args.source)
+        name, kind, steps, rows, run_config = loaded.name, loaded.kind, loaded.steps, loaded.rows, loaded.config
+        samples, tokens = loaded.samples, loaded.tokens
         if tokens and args.tokenizer:
             from forksight.compose.import_extras import decode_tokens
 
             tokens = decode_tokens(tokens, args.tokenizer)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         return _fail("import", str(exc))
+    for note in loaded.notes:
+        print(f"forksight import: warning: {note}", file=sys.stderr)
     try:
         store = Store(args.db)
     except RuntimeError as exc:
@@ -218,6 +250,8 @@ def run_import(args: argparse.Namespace) -> int:
         if batch:
             store.write(run_id, Records(scalars=scalars_table(batch)))
         extras = write_extras(store, run_id, samples, tokens)
+        for start in range(0, len(loaded.histograms), 1_000):
+            store.write(run_id, Records(histograms=histograms_table(loaded.histograms[start:start + 1_000])))
         store.flush()
         alerts, _ = replay_rows(store.reader, run_id, None)
         write_rows(store, run_id, alerts)
@@ -225,5 +259,6 @@ def run_import(args: argparse.Namespace) -> int:
     finally:
         store.close()
     print(json.dumps({"run_id": run_id, "format": kind, "steps": len(steps), "alerts": len(alerts),
-                      "keys": len({k for r in rows for k in r}), "skipped_values": skipped, **extras}))
+                      "keys": len({k for r in rows for k in r}), "skipped_values": skipped, **extras,
+                      "histograms": len(loaded.histograms)}))
     return 0

@@ -41,6 +41,7 @@ def terminal(result: Diagnosis) -> str:
     if result.not_checked:
         out.append("not checked (the log lacks their signal): " +
                    "; ".join(f"{d} ({why})" for d, why in result.not_checked.items()))
+    out += [f"note: {n}" for n in result.notes]
     return "\n".join(out) + "\n"
 
 
@@ -64,6 +65,7 @@ def markdown(result: Diagnosis) -> str:
     out.append(f"Checked: {', '.join(result.checked) or 'nothing'}.")
     if result.not_checked:
         out.append("Not checked: " + "; ".join(f"{d} ({why})" for d, why in result.not_checked.items()) + ".")
+    out += [f"Note: {esc(n)}" for n in result.notes]
     return "\n".join(out) + "\n"
 
 

@@ -25,6 +25,18 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "length/clip_frac": ("completions/clipped_ratio", "response_length/clip_ratio", "truncation_rate",
                          "train/completions/clipped_ratio"),
     "eval/reward": ("eval_reward", "eval/reward", "val/test_score", "eval_score", "eval/score", "eval/accuracy"),
+    # Training–inference mismatch, only where the peer's number is forksight's over the same tokens
+    # (token means over trained tokens, r = p_train / p_sampler). verl's rollout_corr/kl is mean(log p_sampler −
+    # log p_train) = k1, its k3_kl mean(r − 1 − log r) = k3 (rollout_corr_helper.compute_offpolicy_metrics);
+    # prime-rl's mismatch_kl is the same k3 per token, its /all/mean the token mean; TRL's
+    # sampling_logp_difference is |log p_old − log p_sampler| over completion tokens vLLM scored.
+    # Not aliased (their own names kept): TRL's importance_sampling_ratio/* and verl's rollout_is_* are the
+    # ratios after the run's truncation or masking (TRL's default is sequence-level); verl's
+    # training/rollout_probs_diff_* compare probabilities, not log-probabilities.
+    "mismatch/kl_k1": ("rollout_corr/kl",),
+    "mismatch/kl_k3": ("rollout_corr/k3_kl", "mismatch_kl/all/mean"),
+    "mismatch/logp_diff_abs_mean": ("sampling/sampling_logp_difference/mean",),
+    "mismatch/logp_diff_abs_max": ("sampling/sampling_logp_difference/max",),
 }
 _EXACT = {name.lower(): key for key, names in ALIASES.items() for name in names}
 # verl's validation headline: val-core/<data source>/<reward key>/mean@N

@@ -13,11 +13,16 @@ and in multi-turn rollouts the environment's text between turns has loss_mask fa
 rank has flushed a step, the trainer touches step_<step>/STABLE (mark_stable).
 
 Mapped to forksight's tokens table: the completion starts at the first loss_mask token (pos 0);
-a later token with loss_mask false is environment text (env, not scored); entropy and logp (the
-trainer's log p of the token) as exported; selected = loss_mask and not is_masked (DPPO's trust
-region mask, where the loss config computed it). Per step, entropy/mean and fork/frac over the
-trained tokens become the run's steps, so `doctor` and the run page see them too. sample_id numbers a
-step's sequences across its rank files in rank order (unique per step, as forksight's sinks number them)."""
+a later token with loss_mask false is environment text (env, not scored); entropy and logp
+(trainer_logprobs: the trainer's log p of the token) as exported; sampler_logp = inference_logprobs
+(the inference engine's log p) on the trained tokens the policy sampled (prime-rl's mismatch mask:
+loss_mask and a non-zero rl or ref_kl weight; a ce-only token was not sampled by it); selected =
+loss_mask and not is_masked (DPPO's trust region mask, where the loss config computed it), and
+is_masked is kept as the step's `corrected` tokens. Per step, entropy/mean and fork/frac over the
+trained tokens become the run's steps here; the `mismatch/*` scalars are computed from the token
+tables by the same function as a live run's (forksight.compose.import_mismatch: this room may not
+import hooks). sample_id numbers a step's sequences across its rank files in rank order (unique per
+step, as forksight's sinks number them)."""
 from __future__ import annotations
 
 import json
@@ -71,8 +76,8 @@ def read_token_export(path: Path) -> ImportedRun:
         if stable and step not in stable:     # a step still being written when the export was copied
             run.config.setdefault("skipped_unstable_steps", []).append(step)
             continue
-        columns: dict[str, list] = {n: [] for n in ("sample_id", "pos", "token_id", "entropy", "logp", "fork",
-                                                    "selected", "env")}
+        columns: dict[str, list] = {n: [] for n in ("sample_id", "pos", "token_id", "entropy", "logp",
+                                                    "sampler_logp", "corrected", "fork", "selected", "env")}
         sample_id = 0
         for file in rank_files:
             if kept >= MAX_TOKENS:
@@ -86,14 +91,19 @@ def read_token_export(path: Path) -> ImportedRun:
                     break
         if not columns["pos"]:
             continue
+        corrected = columns.pop("corrected")
         table = pa.table({"step": pa.array(np.full(len(columns["pos"]), step, np.int64)),
                           "sample_id": pa.array(columns.pop("sample_id"), pa.int64()),
                           "pos": pa.array(columns.pop("pos"), pa.int32()),
                           "token_id": pa.array(columns.pop("token_id"), pa.int32()),
                           "entropy": pa.array(columns.pop("entropy"), pa.float32()),
                           "logp": pa.array(columns.pop("logp"), pa.float32()),
+                          "sampler_logp": pa.array(columns.pop("sampler_logp"), pa.float32()),
                           **{k: pa.array(v, pa.bool_()) for k, v in columns.items()}})
         run.tokens.append(table)
+        # is_masked is null throughout where the loss config computes no mask: nothing to say then
+        known = any(c is not None for c in corrected)
+        run.corrected.append(np.array([bool(c) for c in corrected]) if known else None)
         run.steps.append(step)
         run.rows.append(_step_row(table))
         if kept >= MAX_TOKENS:
@@ -138,19 +148,29 @@ def _sequence(record: dict, sample_id: int, columns: dict[str, list]) -> int:
     if start is None:
         return 0
     entropy, logp = _column(record, "entropy", n), _column(record, "trainer_logprobs", n)
-    masked = _column(record, "is_masked", n)
+    sampler, masked = _column(record, "inference_logprobs", n), _column(record, "is_masked", n)
+    rl, ref_kl = _column(record, "rl_weights", n), _column(record, "ref_kl_weights", n)
     for i in range(start, n):
         trained = bool(mask[i])
         h = entropy[i] if trained else None
+        # as prime-rl's trainer picks the tokens of its mismatch_kl: null rl weights mean 1.0 on the loss mask
+        sampled = trained and (rl[i] is None or rl[i] != 0 or (ref_kl[i] is not None and ref_kl[i] != 0))
         columns["sample_id"].append(sample_id)
         columns["pos"].append(i - start)
         columns["token_id"].append(int(ids[i]))
         columns["entropy"].append(h)
         columns["logp"].append(logp[i] if trained else None)
+        columns["sampler_logp"].append(_float(sampler[i]) if sampled else None)
+        columns["corrected"].append(masked[i] if trained else None)
         columns["fork"].append(None if h is None else h >= FORK_ENTROPY)
         columns["selected"].append(trained and not masked[i])
         columns["env"].append(not trained)
     return n - start
+
+
+def _float(value) -> float | None:
+    """A JSON number as float; anything else (null, a string) is unknown."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _step_row(table: pa.Table) -> dict[str, float]:

@@ -30,6 +30,9 @@ class ImportedRun:
     dropped_keys: int = 0                       # metrics past MAX_KEYS
     samples: list[dict] = field(default_factory=list)   # samples-table rows (TRL's completions log)
     tokens: list = field(default_factory=list)          # tokens-table Arrow tables, one per step (prime-rl)
+    # per tokens table: which rows the run's own mismatch correction masked (prime-rl's is_masked), as a
+    # numpy bool array, or None where the export says nothing of it; turned into mismatch/frac_corrected
+    corrected: list = field(default_factory=list)
 
     @property
     def keys(self) -> list[str]:
