@@ -4,7 +4,7 @@ Its own module so the detectors can use the configs at run time without importin
 which imports the detectors."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class DetectorConfig(BaseModel):
@@ -204,6 +204,39 @@ class NonFiniteConfig(DetectorConfig):
     cooldown: int = Field(10, ge=0, description="minimum steps between two non-finite alerts")
 
 
+class MismatchConfig(DetectorConfig):
+    """Training–inference mismatch: the sampler's and the trainer's log p of the sampled tokens drifting apart
+    (warning), or sequence-level importance weights degenerating (critical); docs/algorithms.md §11."""
+
+    smoothing: float = Field(0.7, ge=0.0, lt=1.0, description="EMA factor β of every mismatch signal (0.7: about three steps), so a rise shows within a few steps")
+    persist: int = Field(3, ge=1, description="a condition must hold this many consecutive steps that carry mismatch scalars")
+    baseline_steps: int = Field(10, ge=1, description="the median of a key's first N values (steps that carry it) is the run's early baseline: one noisy early step cannot set it")
+    level_keys: list[str] = Field(["mismatch/kl_k3", "mismatch/kl_k1", "mismatch/logp_diff_abs_mean"], description="mismatch level whose rise above its baseline warns; the first present is used (k3 is ≥ 0 per token; TRL logs only the mean |log p difference|)")
+    band_keys: list[str] = Field(["mismatch/frac_outside_2x"], description="out-of-band fraction(s) (tokens whose ratio p_train / p_sampler leaves [1/2, 2]) whose rise warns as well")
+    rise_factor: float = Field(3.0, gt=1.0, description="warn when a smoothed signal exceeds its baseline × this ...")
+    min_rise: dict[str, float] = Field(
+        {"mismatch/kl_k3": 1e-3, "mismatch/kl_k1": 1e-3, "mismatch/logp_diff_abs_mean": 0.03,
+         "mismatch/frac_outside_2x": 5e-3},
+        description="... and its baseline + this (per key, in its unit: nats, or a fraction of tokens): a numerically-zero baseline (identical engines) must not turn noise into a rise")
+    fork_ratio: float = Field(2.0, gt=1.0, description="the message says the mismatch sits on fork (or non-fork) tokens when the per-token value there is this many times the other's")
+    ess_key: str = Field("mismatch/seq_ess", description="normalised effective sample size of the sequence-level weights Π_t r_t, in (0, 1]")
+    min_seq_ess: float = Field(0.1, gt=0.0, lt=1.0, description="critical when the smoothed ESS falls below this (with n sequences a step it cannot go below 1/n)")
+    kl_keys: list[str] = Field(["mismatch/kl_k3", "mismatch/kl_k1"], description="per-token KL(sampler ‖ trainer) for the T × KL rule; the first present is used")
+    length_key: str = Field("length/mean", description="mean trained tokens per completion: T in T × KL (the rule is skipped without it)")
+    seq_cap: float = Field(3.0, gt=1.0, description="sequence-level clamp C: critical when smoothed T × KL > log C, i.e. the typical sequence weight exp(−T·KL) is below 1/C and most of the weight lies past the clamp (3: TRL's vllm_importance_sampling_clip_max; verl's rollout_is_threshold is 2)")
+
+    @model_validator(mode="after")
+    def _every_rise_has_a_floor(self) -> "MismatchConfig":
+        missing = [k for k in (*self.level_keys, *self.band_keys) if k not in self.min_rise]
+        if missing:
+            raise ValueError(f"min_rise has no floor for {', '.join(missing)}: add one per key of level_keys and "
+                             f"band_keys (in the key's unit), e.g. {{\"{missing[0]}\": 0.001}}")
+        negative = [k for k, v in self.min_rise.items() if v < 0]
+        if negative:
+            raise ValueError(f"min_rise must be ≥ 0, got a negative floor for {', '.join(negative)}")
+        return self
+
+
 class AlertConfig(BaseModel):
     """Every detector's settings; the defaults are meant to be quiet on healthy runs."""
 
@@ -222,3 +255,4 @@ class AlertConfig(BaseModel):
     gradient: GradientConfig = Field(default_factory=GradientConfig, description="gradient-norm spikes, vanishing or zero updates")
     divergence: DivergenceConfig = Field(default_factory=DivergenceConfig, description="training reward up while the held-out score is not")
     composition: CompositionConfig = Field(default_factory=CompositionConfig, description="one reward component dominates, another is constant")
+    mismatch: MismatchConfig = Field(default_factory=MismatchConfig, description="training–inference mismatch: sampler vs trainer log p rising from baseline, sequence weights degenerate")

@@ -90,6 +90,40 @@ class Baseline:
         return self._sum / max(self._count, 1)
 
 
+class MedianBaseline:
+    """Median of the first `n` values a run reports (at most n kept): an early level that one
+    outlying early step cannot set, and the steps those values came from."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._values: list[float] = []
+        self.first_step: int | None = None
+        self.last_step: int | None = None
+        self._median: float | None = None   # fixed once the n values are in
+
+    def update(self, x: float, step: int) -> None:
+        if len(self._values) < self.n:
+            self._values.append(x)
+            self.first_step = step if self.first_step is None else self.first_step
+            self.last_step = step
+            self._median = None
+
+    @property
+    def ready(self) -> bool:
+        return len(self._values) >= self.n
+
+    @property
+    def count(self) -> int:
+        return len(self._values)
+
+    @property
+    def value(self) -> float:
+        if self._median is None and self._values:
+            ordered, mid = sorted(self._values), len(self._values) // 2
+            self._median = ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+        return self._median if self._median is not None else 0.0
+
+
 class RollingOLS:
     """Least-squares line y = a + b·x through the last `window` points, O(1) per point; the running
     sums are rebuilt every `window` points so float error from adding and removing cannot build up."""

@@ -28,6 +28,7 @@ from forksight.monitor.alerts.detectors import (
 from forksight.monitor.alerts.breadth import (ClipDetector, CompositionDetector, DegenerateDetector,
                                               DivergenceDetector, GradientDetector, KLDriftDetector,
                                               TruncationDetector)
+from forksight.monitor.alerts.mismatch import MismatchDetector
 from forksight.base.limits import NONFINITE_PREFIX
 from forksight.monitor.alerts.config import (  # noqa: F401 - the configs' public home stays forksight.monitor.alerts.hub
     AlertConfig, CollapseConfig, CovarianceConfig, DetectorConfig, DiversityConfig, ExplosionConfig, ForkConfig,
@@ -107,6 +108,7 @@ class AlertMonitor:
             (c.gradient, GradientDetector(c.gradient)),
             (c.divergence, DivergenceDetector(c.divergence)),
             (c.composition, CompositionDetector(c.composition)),
+            (c.mismatch, MismatchDetector(c.mismatch)),
         ]
         active = [d for cfg, d in built if cfg.enabled]
         self._non_finite = next((d for d in active if isinstance(d, NonFiniteDetector)), None)
