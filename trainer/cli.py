@@ -11,6 +11,10 @@ import typing
 from typing import Any
 
 
+# shorter spellings of a few flags (the long one, generated from the field name, also works)
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {"tis_cap": ("--tis",)}
+
+
 def _flag_kwargs(annotation: Any) -> dict[str, Any]:
     """argparse type/choices for a field annotation (Optional[X] → X, Literal → choices)."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -46,7 +50,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         for name in names:
             info = TrainConfig.model_fields[name]
             help_text = f"{info.description} (default: {info.default})"
-            arg_group.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None,
+            flags = [f"--{name.replace('_', '-')}", *FLAG_ALIASES.get(name, ())]
+            arg_group.add_argument(*flags, dest=name, default=None,
                                    help=help_text.replace("%", "%%"),
                                    **_flag_kwargs(info.annotation))
     parser.set_defaults(func=run)
@@ -67,9 +72,13 @@ def run(args: argparse.Namespace) -> int:
         print(config.model_dump_json(indent=1))
         return 0
     from forksight.trainer.loop import train
+    from forksight.trainer.sampler import SamplerUnsupported
 
     try:
         result = train(config)
+    except SamplerUnsupported as exc:
+        print(f"forksight train: {exc}", file=sys.stderr)
+        return 2
     except RuntimeError as exc:
         # the DuckDB file could not be opened (held by a collector, unreadable, damaged): the
         # store's message says why and what to do; anything else is a bug and keeps its traceback

@@ -68,6 +68,15 @@ class TrainConfig(BaseModel):
     temperature: float = _f(1.0, "rollout", "Sampling temperature; logits are divided by it for "
                             "the loss and the statistics too.", gt=0)
     max_new_tokens: int = _f(8, "rollout", "Longest completion.", ge=1)
+    sampler_dtype: Literal["float32", "bfloat16", "float16"] = _f(
+        "float32", "rollout", "Dtype of the policy copy that samples the rollouts, as an inference "
+        "engine would (refreshed from the policy after every optimiser step); the loss still trains "
+        "in `dtype`. Its log p of each sampled token is stored as sampler_logp (mismatch/* scalars).")
+    sampler_noise: float = _f(0.0, "rollout", "Test/bench tool: std of Gaussian noise added to the "
+                              "sampler copy's logits (a broken inference engine); 0 = off.", ge=0)
+    sampler_noise_from_step: int = _f(0, "rollout", "Test/bench tool: the first step whose "
+                                      "rollouts get sampler_noise (a mismatch that starts at a "
+                                      "known step).", ge=0)
     # -- optimisation --------------------------------------------------------------------------
     steps: int = _f(100, "optimisation", "RL steps to run (total, counting resumed ones).", ge=0)
     lr: float = _f(3e-4, "optimisation", "AdamW learning rate.", gt=0)
@@ -78,6 +87,9 @@ class TrainConfig(BaseModel):
                           "(DAPO clip-higher).", ge=0)
     updates_per_batch: int = _f(1, "optimisation", "Optimiser steps per rollout batch (>1 makes "
                                 "the ratio differ from 1 and the clip bite).", ge=1)
+    tis_cap: float | None = _f(None, "optimisation", "Token-level truncated importance sampling "
+                               "(Yao et al. 2025): weight each token's loss by min(r, tis_cap), "
+                               "r = p_train_old / p_sampler; None = off. Flag: --tis CAP.")
     beta: float = _f(0.0, "optimisation", "KL-to-reference coefficient (k3 estimator); 0 = no "
                      "reference model.", ge=0)
     scale_rewards: bool = _f(True, "optimisation", "Divide advantages by the group std (GRPO); "
@@ -117,8 +129,19 @@ class TrainConfig(BaseModel):
             raise ValueError(f"device must be cpu, cuda, cuda:N or mps, got {value!r}")
         return value
 
+    @field_validator("tis_cap")
+    @classmethod
+    def _tis_cap(cls, value: float | None) -> float | None:
+        if value is not None and not value >= 1:  # also refuses NaN
+            raise ValueError(f"tis_cap must be at least 1, got {value}: it caps r = p_train / p_sampler, "
+                             "which is near 1 where the engines agree (Yao et al. 2025 use 2)")
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
+        if self.sampler_noise_from_step and not self.sampler_noise:
+            raise ValueError("sampler_noise_from_step needs sampler_noise > 0 (the std of the noise "
+                             "added to the sampler's logits from that step)")
         if self.task == "jsonl" and not self.task_path:
             raise ValueError("task 'jsonl' needs task_path: a JSONL file of {prompt, answer} lines")
         if self.db and self.url:

@@ -21,6 +21,7 @@ from forksight.hooks import metrics
 from forksight.trainer.config import TrainConfig
 from forksight.trainer.model import build_tiny, load
 from forksight.trainer.rollout import generate, head_is_plain
+from forksight.trainer.sampler import Sampler
 from forksight.trainer.step import Context, train_step
 from forksight.trainer.tasks import ProblemPool, Task, held_out, make_task
 
@@ -141,8 +142,10 @@ def setup(config: TrainConfig, sink: Sink | None = None, *, model=None, tokenize
     from forksight.hooks.capture.report import StepReporter
 
     reporter = StepReporter(sink, tokenizer, token_groups=config.token_groups)
+    sampler = Sampler(model, config.sampler_dtype, noise=config.sampler_noise,
+                      noise_from_step=config.sampler_noise_from_step, seed=config.seed)
     ctx = Context(config, model, tokenizer, optimizer, task, reporter, ref, teacher, rank, world,
-                  policy_path, run_name, head_is_plain(model))
+                  policy_path, run_name, head_is_plain(model), sampler=sampler)
     return ctx, sink
 
 

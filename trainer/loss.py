@@ -1,9 +1,11 @@
 """GRPO/DAPO losses: group-normalised advantages, the clipped surrogate with separate low/high
 clip (clip-higher), the k3 KL to a reference, token-level normalisation under a selection mask,
-the sparse-distillation loss, and the bounded log-likelihood used by the warm-up.
+the token-level TIS weights of a sampler/trainer mismatch, the sparse-distillation loss, and the
+bounded log-likelihood used by the warm-up.
 """
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -50,15 +52,18 @@ def masked_normalise(per_token: torch.Tensor, selected: torch.Tensor, valid: tor
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
               selected: torch.Tensor, valid: torch.Tensor, *, clip_low: float = 0.2,
               clip_high: float = 0.28, normalizer: Normalizer = "tokens",
-              ref_logp: torch.Tensor | None = None, beta: float = 0.0
-              ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The DAPO clipped surrogate -min(ρA, clip(ρ, 1-εl, 1+εh)A) (+ β·k3 KL), over the selected
-    tokens, normalised as `normalizer` says. advantages: [B] (broadcast over tokens) or [B, T]."""
+              ref_logp: torch.Tensor | None = None, beta: float = 0.0,
+              is_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The DAPO clipped surrogate -w·min(ρA, clip(ρ, 1-εl, 1+εh)A) (+ β·k3 KL), over the selected
+    tokens, normalised as `normalizer` says. advantages: [B] (broadcast over tokens) or [B, T];
+    is_weight [B, T]: a detached per-token weight w (TIS), 1 when None."""
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     ratio = torch.exp(logp - old_logp)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
+    if is_weight is not None:
+        per_token = per_token * is_weight.detach().to(per_token.dtype)
     info: dict[str, float] = {}
     sel = selected & valid
     if ref_logp is not None and beta > 0:
@@ -69,6 +74,16 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     n_sel = sel.sum().clamp(min=1)
     info["clip/frac"] = float(((clipped < unclipped) & sel).sum() / n_sel)  # the clip won the min
     return loss, info
+
+
+def tis_weights(log_ratio: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-level truncated importance sampling (Yao et al. 2025): weight min(r, cap) with
+    r = p_train_old / p_sampler = exp(log_ratio), 1 where the ratio is unknown (NaN); and the
+    tokens whose ratio the cap truncated (r > cap). log_ratio: hooks.metrics.mismatch.log_ratio."""
+    known = ~torch.isnan(log_ratio)
+    capped = torch.clamp(log_ratio, max=math.log(cap))
+    weight = torch.where(known, torch.exp(capped), torch.ones_like(log_ratio)).float()
+    return weight, known & (log_ratio > math.log(cap))
 
 
 def distill_loss(token_kl: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:

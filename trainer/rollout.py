@@ -19,6 +19,7 @@ class Rollout:
     mask: torch.Tensor            # [B, T] bool: completion tokens up to and including EOS
     group_ids: torch.Tensor       # [B] group index of each row
     texts: list[str]              # decoded completions (EOS stripped)
+    sampler_logp: torch.Tensor | None = None  # [B, T] the sampler's log p of each token (NaN past the mask)
 
 
 def completion_mask(completion: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -31,8 +32,9 @@ def completion_mask(completion: torch.Tensor, eos_id: int) -> torch.Tensor:
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], group_size: int, *, temperature: float,
-             max_new_tokens: int, group_offset: int = 0) -> Rollout:
-    """Sample `group_size` completions for each prompt from the untruncated softmax."""
+             max_new_tokens: int, group_offset: int = 0, capture_logp: bool = False) -> Rollout:
+    """Sample `group_size` completions for each prompt from the untruncated softmax; with
+    capture_logp, also the sampling model's log p of each sampled token (`Rollout.sampler_logp`)."""
     enc = tokenizer(prompts, return_tensors="pt", padding=True)
     device = next(model.parameters()).device
     ids = enc.input_ids.repeat_interleave(group_size, dim=0).to(device)
@@ -43,15 +45,30 @@ def generate(model, tokenizer, prompts: list[str], group_size: int, *, temperatu
         input_ids=ids, attention_mask=attn, do_sample=True, temperature=temperature,
         top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, min_new_tokens=1,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        return_dict_in_generate=capture_logp, output_logits=capture_logp,
     )
     model.train(was_training)
+    sequences = out.sequences if capture_logp else out
     prompt_len = ids.shape[1]
-    completion = out[:, prompt_len:]
+    completion = sequences[:, prompt_len:]
     mask = completion_mask(completion, tokenizer.eos_token_id)
     full_attn = torch.cat([attn, mask.long()], dim=1)
     texts = [tokenizer.decode(row[m], skip_special_tokens=True) for row, m in zip(completion, mask)]
     groups = torch.arange(len(prompts), device=device).repeat_interleave(group_size) + group_offset
-    return Rollout(out, full_attn, prompt_len, completion, mask, groups, texts)
+    sampler_logp = sampled_logp(out.logits, completion, mask, temperature) if capture_logp else None
+    return Rollout(sequences, full_attn, prompt_len, completion, mask, groups, texts, sampler_logp)
+
+
+def sampled_logp(step_logits: tuple[torch.Tensor, ...], completion: torch.Tensor, mask: torch.Tensor,
+                 temperature: float) -> torch.Tensor:
+    """[B, T] log p of each sampled token under softmax(logits / T) of the logits `generate` sampled
+    it from (its float32 copies, before the min-length rule, as an engine reports logprobs); NaN
+    past the mask. One position at a time: no [B, T, V] copy."""
+    out = torch.full(completion.shape, float("nan"), dtype=torch.float32, device=completion.device)
+    for t, logits in enumerate(step_logits):
+        scaled = logits.float() / temperature if temperature != 1.0 else logits.float()
+        out[:, t] = scaled.gather(-1, completion[:, t : t + 1]).squeeze(-1) - torch.logsumexp(scaled, -1)
+    return out.masked_fill_(~mask, float("nan"))
 
 
 def completion_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,

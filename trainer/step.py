@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from forksight.hooks import metrics
+from forksight.hooks.metrics.mismatch import log_ratio
 from forksight.trainer import loss as losses
 from forksight.trainer.config import TrainConfig
 from forksight.trainer.rollout import Rollout, completion_hidden, completion_logits, generate, token_logp
@@ -37,6 +38,8 @@ class Context:
     run_name: str = ""
     split_head: bool = False      # logits == output_layer(base_model(...)): sparse backward works
     report_seconds: float = 0.0   # time the last StepReporter.report call took
+    sampler: Any = None           # trainer.sampler.Sampler; None = the policy samples, no sampler log p
+    capture_sampler_logp: bool = True  # False: the sampler's log p is neither computed nor shipped (benchmarks)
 
 
 @dataclass
@@ -67,15 +70,20 @@ def _needs_stats(strategy: str) -> bool:
 # stages
 
 
-def rollout(ctx: Context, step: int) -> tuple[Rollout, list]:
-    """Prompts for this rank and step, G samples each."""
+def rollout(ctx: Context, step: int, capture: bool = True) -> tuple[Rollout, list]:
+    """Prompts for this rank and step, G samples each; with capture, the sampler's log p too."""
     cfg = ctx.config
     rng = random.Random(_step_seed(cfg, ctx.rank, step))
     problems = [ctx.task.sample(rng) for _ in range(cfg.prompts_per_step)]
     torch.manual_seed(_step_seed(cfg, ctx.rank, step))
-    roll = generate(ctx.model, ctx.tokenizer, [p.prompt for p in problems], cfg.group_size,
-                    temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                    group_offset=ctx.rank * cfg.prompts_per_step)  # group ids unique across ranks
+    prompts, offset = [p.prompt for p in problems], ctx.rank * cfg.prompts_per_step  # group ids unique across ranks
+    if ctx.sampler is None:
+        roll = generate(ctx.model, ctx.tokenizer, prompts, cfg.group_size, temperature=cfg.temperature,
+                        max_new_tokens=cfg.max_new_tokens, group_offset=offset)
+    else:
+        roll = ctx.sampler.generate(ctx.tokenizer, prompts, cfg.group_size, step=step, temperature=cfg.temperature,
+                                    max_new_tokens=cfg.max_new_tokens, group_offset=offset,
+                                    capture_logp=capture or cfg.tis_cap is not None)
     return roll, problems
 
 
@@ -124,8 +132,9 @@ def selection(ctx: Context, step: int, roll: Rollout, logits: torch.Tensor, stat
 
 
 def update(ctx: Context, roll: Rollout, logits: torch.Tensor, hidden: torch.Tensor | None, adv: torch.Tensor,
-           sel: Selection, teacher_logits: torch.Tensor | None) -> dict[str, float]:
-    """Loss, backward, gradient all-reduce and optimiser step(s) on the selected tokens."""
+           sel: Selection, teacher_logits: torch.Tensor | None) -> tuple[dict[str, float], torch.Tensor | None]:
+    """Loss, backward, gradient all-reduce and optimiser step(s) on the selected tokens; also the
+    tokens the TIS correction truncated ([B, T] bool, None without tis_cap)."""
     cfg, valid = ctx.config, roll.mask
     head = ctx.model.get_output_embeddings()
     ref_logp = None
@@ -134,7 +143,7 @@ def update(ctx: Context, roll: Rollout, logits: torch.Tensor, hidden: torch.Tens
             ref_logits = completion_logits(ctx.ref, roll.input_ids, roll.attention_mask, roll.prompt_len)
             ref_logp = token_logp(ref_logits, roll.completion, cfg.temperature)
     info: dict[str, float] = {}
-    old_logp = None
+    old_logp = is_weight = corrected = None
     rows = sel.mask.nonzero(as_tuple=True)
     backward_seconds = 0.0
     for n in range(cfg.updates_per_batch):
@@ -149,10 +158,16 @@ def update(ctx: Context, roll: Rollout, logits: torch.Tensor, hidden: torch.Tens
         else:
             logp = torch.zeros(valid.shape, dtype=torch.float32, device=picked.device)
             logp = logp.index_put(rows, token_logp(picked, roll.completion[rows], cfg.temperature))
-            old_logp = logp.detach() if old_logp is None else old_logp
+            if old_logp is None:
+                old_logp = logp.detach()
+                if cfg.tis_cap is not None and roll.sampler_logp is not None:
+                    # r = p_train_old / p_sampler on the trained tokens (elsewhere logp is a 0 filler)
+                    is_weight, corrected = losses.tis_weights(
+                        log_ratio(old_logp, roll.sampler_logp, sel.mask & valid), cfg.tis_cap)
+                    is_weight = is_weight.to(old_logp.device)
             loss, info = losses.grpo_loss(logp, old_logp, adv, sel.mask, valid, clip_low=cfg.clip_low,
                                           clip_high=cfg.clip_high, normalizer=sel.normalizer,
-                                          ref_logp=ref_logp, beta=cfg.beta)
+                                          ref_logp=ref_logp, beta=cfg.beta, is_weight=is_weight)
         ctx.optimizer.zero_grad(set_to_none=True)
         start = time.perf_counter()
         loss.backward()
@@ -164,11 +179,11 @@ def update(ctx: Context, roll: Rollout, logits: torch.Tensor, hidden: torch.Tens
     out = {**info, "loss": loss.item(), "grad_norm": float(grad_norm), "lr": ctx.optimizer.param_groups[0]["lr"],
            "time/backward": backward_seconds, "tokens/trained": float(len(rows[0]))}
     out.setdefault("kl", 0.0)
-    return out
+    return out, corrected
 
 
 def report_step(ctx: Context, step: int, batch: Batch, stats: metrics.TokenStats, sel: Selection,
-                adv: torch.Tensor, extra: dict[str, float]) -> dict[str, float]:
+                adv: torch.Tensor, extra: dict[str, float], corrected: torch.Tensor | None = None) -> dict[str, float]:
     """Ship the step through the StepReporter; sample and group ids are unique across ranks."""
     cfg, roll = ctx.config, batch.roll
     samples = [{"prompt": batch.problems[i // cfg.group_size].prompt, "completion": text,
@@ -178,7 +193,9 @@ def report_step(ctx: Context, step: int, batch: Batch, stats: metrics.TokenStats
     start = time.perf_counter()
     scalars = ctx.reporter.report(step, stats, roll.completion, selected=sel.mask, group_ids=roll.group_ids,
                                   advantages=adv, samples=samples, extra=extra, weight=float(roll.mask.sum()),
-                                  sample_ids=range(ctx.rank * rows_here, (ctx.rank + 1) * rows_here))
+                                  sample_ids=range(ctx.rank * rows_here, (ctx.rank + 1) * rows_here),
+                                  sampler_logp=roll.sampler_logp if ctx.capture_sampler_logp else None,
+                                  corrected=corrected)
     ctx.report_seconds = time.perf_counter() - start  # for benchmarks; not streamed
     return scalars
 
@@ -202,7 +219,7 @@ def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, flo
     the baseline the overhead benchmark compares against."""
     cfg = ctx.config
     t0 = time.perf_counter()
-    batch = score(ctx, *rollout(ctx, step))
+    batch = score(ctx, *rollout(ctx, step, capture=report and ctx.capture_sampler_logp))
     t_rollout = time.perf_counter()  # generation and verification
     adv = losses.group_advantages(batch.rewards, batch.roll.group_ids, scale=cfg.scale_rewards)
     logits, hidden = forward(ctx, batch.roll, ctx.split_head and cfg.strategy in SPARSE_STRATEGIES)
@@ -210,12 +227,13 @@ def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, flo
     stats = statistics(ctx, batch.roll, logits, report)
     t_stats = time.perf_counter()
     sel, teacher_logits, _ = selection(ctx, step, batch.roll, logits, stats, adv)
-    extra = {**sel.info, **update(ctx, batch.roll, logits, hidden, adv, sel, teacher_logits)}
+    trained, corrected = update(ctx, batch.roll, logits, hidden, adv, sel, teacher_logits)
+    extra = {**sel.info, **trained}
     extra.update({"time/rollout": t_rollout - t0, "time/stats": t_stats - t_forward,
                   "time/step": time.perf_counter() - t0, "length/clip_frac": truncated_frac(ctx, batch.roll)})
     if not report or ctx.reporter is None:
         return extra
-    return report_step(ctx, step, batch, stats, sel, adv, extra)
+    return report_step(ctx, step, batch, stats, sel, adv, extra, corrected)
 
 
 def _all_reduce_grads(model, world: int) -> None:
