@@ -1,6 +1,7 @@
 """TRL's GRPOTrainer in one line: `forksight.trl.attach(trainer, db=... or url=..., run=...)`. `ForksightCallback`
 streams TRL's scalars, per-token statistics of every training forward (tool output stored, never scored), TRL's
-top_entropy_quantile mask, samples, pass@k and eval pass@k per set; version support in `SUPPORT` and the README."""
+top_entropy_quantile mask, the sampler's log p of each token and the tokens TRL's own mismatch correction changed,
+samples, pass@k and eval pass@k per set; version support in `SUPPORT` and the README."""
 from __future__ import annotations
 
 import inspect
@@ -17,7 +18,7 @@ from forksight.hooks.capture.attach import AttachHandle, Integration
 from forksight.hooks.metrics.passk import pass_at_k_groups
 from forksight.hooks.capture.sample_log import as_text
 from forksight.hooks.metrics.summary import group_scalars
-from forksight.hooks.integrations.trl_rows import GenerationRows
+from forksight.hooks.integrations.trl_rows import GenerationRows, length_mismatches, sampler_rows, trl_corrected
 
 log = logging.getLogger("forksight.trl")
 
@@ -76,6 +77,9 @@ class ForksightCallback(TrainerCallback):
         self._forward_fused: Any = None
         self._patched_model = None
         self._stopped = False
+        self._mismatched: list[tuple[int, int, int]] = []  # rows whose sampler log-probs miscount their tokens
+        self._off_policy_seen = None  # the last forward record TRL's off-policy mask was applied to
+        self._warned: set[str] = set()
 
     # ------------------------------------------------------------------ setup
     def bind(self, trainer) -> "ForksightCallback":
@@ -131,7 +135,8 @@ class ForksightCallback(TrainerCallback):
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         rows = Integration(row_index=self._rows.lookup, env_mask=self._rows.env_mask,
                            num_rows=lambda: self._rows.size or None,  # the generation batch, once one is seen
-                           per_forward_means=True)  # TRL logs the mean of its per-micro-batch means
+                           per_forward_means=True,  # TRL logs the mean of its per-micro-batch means
+                           sampler_logp=self._rows.sampler_logp, corrected=self._rows.corrected)
         self.handle = AttachHandle(model, self.sink, tokenizer=tokenizer, owns_sink=False,
                                    group_size=trainer.num_generations, sample=self.sample, every=self.every,
                                    js_groups=self.js_groups, js_budget=self.js_budget,
@@ -148,6 +153,20 @@ class ForksightCallback(TrainerCallback):
                 return out
 
             trainer.get_high_entropy_mask = keep_trls_mask  # an instance attribute: detach deletes it
+        if getattr(trainer, "off_policy_mask_threshold", None) is not None and hasattr(trainer, "get_off_policy_mask"):
+            original_off_policy = trainer.get_off_policy_mask
+
+            def keep_trls_off_policy_mask(*args, **kwargs):
+                # TRL's off-policy sequence mask (OPSM), computed right after the forward it belongs to
+                keep = original_off_policy(*args, **kwargs)
+                if self.enabled and trainer.model.training and self._rows.sampler:
+                    try:
+                        self._on_off_policy(keep)
+                    except Exception as exc:  # noqa: BLE001
+                        log.warning("forksight: could not read TRL's off-policy mask (%r)", exc)
+                return keep
+
+            trainer.get_off_policy_mask = keep_trls_off_policy_mask  # an instance attribute: detach deletes it
         if self.mode == "fused":
             self._patch_fused_head(model, trainer)
         original = trainer._generate_and_score_completions
@@ -163,6 +182,20 @@ class ForksightCallback(TrainerCallback):
             return out
 
         trainer._generate_and_score_completions = generate_and_watch  # an instance attribute: detach deletes it
+        if hasattr(trainer, "_generate"):
+            original_generate = trainer._generate
+
+            def generate_and_count(prompts):
+                # the sampler's log-prob lists before TRL pads them: only here is a row of the wrong length visible
+                generated = original_generate(prompts)
+                try:
+                    self._mismatched = length_mismatches(generated) if self.enabled else []
+                except Exception as exc:  # noqa: BLE001 - an unexpected shape: no length check, never a crash
+                    self._mismatched = []
+                    log.warning("forksight: could not count the sampler's log-probs per row (%r)", exc)
+                return generated
+
+            trainer._generate = generate_and_count  # an instance attribute: detach deletes it
 
     def _patch_fused_head(self, model, trainer) -> None:
         """Ask TRL's fused head for log Σp² too (H2 for every token at almost no cost): the same
@@ -209,7 +242,9 @@ class ForksightCallback(TrainerCallback):
             self._eval_groups += [correct[i:i + G] for i in range(0, n, G)]
             return
         offset = accel.process_index * local
-        self._rows.index(out["prompt_ids"], out["completion_ids"], offset, size, out.get("tool_mask"))
+        sampler, corrected = self._sampler_of(out, offset)
+        self._rows.index(out["prompt_ids"], out["completion_ids"], offset, size, out.get("tool_mask"),
+                         sampler_logp=sampler, corrected=corrected)
         self._advantages = [float(a) for a in list(logs["advantages"])[-n:]]
         # _logs is gathered over ranks: each rank stores its own rows (with their lengths), rank 0
         # the reward scalars and pass@k of all of them
@@ -219,6 +254,38 @@ class ForksightCallback(TrainerCallback):
         G = trainer.num_generations
         self._group_scalars = (group_scalars([i // G for i in range(n)], rewards, correct)
                                if accel.is_main_process and n else None)
+
+    def _sampler_of(self, out: dict, offset: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """This batch's sampler log p [B, C] and TRL's corrected tokens; a bad row is warned about and
+        stored as null, and a failure here costs only the mismatch numbers, never the batch."""
+        try:
+            bad, self._mismatched = self._mismatched, []
+            if bad and out.get("sampling_per_token_logps") is not None:
+                i, got, want = bad[0]
+                self._warn_once("sampler_length", f"forksight: sample {offset + i} has {got} sampler log-probs for "
+                                f"its {want} completion tokens ({len(bad)} such row(s) in this batch): the rollout's "
+                                "'logprobs' needs one value per completion_ids token; such rows are stored "
+                                "without a sampler log p")
+            return sampler_rows(out, [i for i, _, _ in bad]), trl_corrected(self.trainer, out)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("forksight: could not read the sampler's log-probs of this batch (%r); stored as null", exc)
+            return None, None
+
+    def _on_off_policy(self, keep: torch.Tensor) -> None:
+        """TRL's off-policy sequence mask [B, 1] (0 = dropped) marks the dropped sequences' tokens as corrected
+        on the record of the forward it was computed from."""
+        records = self.handle.buffer.records
+        if not records or records[-1] is self._off_policy_seen or records[-1].mask.shape[0] != keep.shape[0]:
+            return
+        record = self._off_policy_seen = records[-1]
+        dropped = (keep.detach().reshape(-1, 1) == 0).to(record.mask.device) & record.mask
+        record.corrected = dropped if record.corrected is None else record.corrected.bool() | dropped
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, stacklevel=2)
+            log.warning(message)
 
     def _on_selection(self, selected: torch.Tensor) -> None:
         """Attach TRL's selection [B, C] to the record of the forward it was computed from."""
@@ -301,6 +368,8 @@ class ForksightCallback(TrainerCallback):
         if self.trainer is not None:
             self.trainer.__dict__.pop("_generate_and_score_completions", None)
             self.trainer.__dict__.pop("get_high_entropy_mask", None)
+            self.trainer.__dict__.pop("get_off_policy_mask", None)
+            self.trainer.__dict__.pop("_generate", None)
         if self._patched_model is not None:
             self._patched_model.__dict__["forward"] = self._forward_before
             self._patched_model = None
