@@ -15,6 +15,7 @@ from forksight.base.runconfig import vocab_size_of
 from forksight.base.interfaces import Reader
 from forksight.dashboard import alert_figures as A
 from forksight.dashboard import figures as F
+from forksight.dashboard import mismatch_figures as M
 from forksight.dashboard import run_figures as R
 from forksight.dashboard.data import LRU
 from forksight.dashboard.alerts_view import alert_list
@@ -61,7 +62,7 @@ def vocab_size(run: dict | None) -> int | None:
 
 def other_keys(keys: list[str]) -> list[str]:
     """Scalar keys not already on a fixed chart: the 'any other scalar by name' choices."""
-    shown = set(RUN_KEYS_CORE) | set(F.DIAGNOSTIC_KEYS) | set(F.pass_keys(keys))
+    shown = set(RUN_KEYS_CORE) | set(F.DIAGNOSTIC_KEYS) | set(F.pass_keys(keys)) | set(M.DRAWN_KEYS)
     return [k for k in keys if k not in shown]
 
 
@@ -82,7 +83,17 @@ def waiting_figures(message: str = "waiting for the first step of this run…") 
     """What the charts show before a run's first step: one line of text, no empty axes."""
     return {g: F.empty_figure(message if g == "entropy" else "", height=200 if g == "entropy"
                               else 40)
-            for g in ("entropy", "heatmap", "passk", "signals", "custom")}
+            for g in ("entropy", "heatmap", "mismatch", "ratios", "passk", "signals",
+                      "custom")}
+
+
+def mismatch_histogram(reader: Reader, run_id: str, at: int | None = None) -> dict:
+    """The ratio histogram of the run's last step with one (at or before `at`), its first step
+    outlined beside it, and that step's stored mismatch scalars: three small reads."""
+    hist = reader.read_histogram_ends(run_id, M.HISTOGRAM_KEY, at)
+    step = int(hist["step"].max()) if len(hist) else None
+    values = reader.steps_scalars(run_id, [step]).get(step, {}) if step is not None else {}
+    return M.ratio_histogram(hist, step=step, scalars_at=values, uirevision=run_id)
 
 
 def _last_entropy(frame: pd.DataFrame) -> float | None:
@@ -123,24 +134,34 @@ def read_run(reader: Reader, run_id: str, keys: list[str], max_points: int, cach
 
 
 def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None = None,
-             prefix: str = "/") -> dict:
+             prefix: str = "/", focus: int | None = None) -> dict:
     """Every run-page figure drawn in full, plus the state the live tick resumes from
-    (`cache`: the app's run frames, see read_run; prefix: the app's URL prefix for links)."""
+    (`cache`: the app's run frames, see read_run; prefix: the app's URL prefix for links;
+    focus: the step the mismatch histogram shows, else its newest)."""
     keys = reader.scalar_keys(run_id)
-    wanted = [*RUN_KEYS_CORE, *F.DIAGNOSTIC_KEYS, *F.pass_keys(keys), *controls.custom_keys]
+    mismatch = M.has_mismatch(keys)
+    wanted = [*RUN_KEYS_CORE, *F.DIAGNOSTIC_KEYS, *F.pass_keys(keys), *controls.custom_keys,
+              *(M.DRAWN_KEYS if mismatch else ())]
     wanted = [k for k in dict.fromkeys(wanted) if k in set(keys)]
+    ratios = _POOL.submit(mismatch_histogram, reader, run_id, focus) if mismatch else None
     run, frame, hist, alerts = read_run(reader, run_id, wanted, controls.max_points, cache)
     scalars = F.by_key(frame)
     c = controls
     # each alert on the chart that shows its signal; the rest as markers on the entropy chart
     routed = A.route_alerts(alerts, {"passk": R.passk_signals(keys),
-                                     "signals": F.DIAGNOSTIC_KEYS, "custom": c.custom_keys})
+                                     "signals": F.DIAGNOSTIC_KEYS, "mismatch": M.DRAWN_KEYS,
+                                     "custom": c.custom_keys})
     figures = {
         "entropy": R.entropy_figure(scalars, alerts=routed["rest"], vocab_size=vocab_size(run),
                                     smoothing=c.smoothing, x_axis=c.x_axis, log_y=c.log_y,
                                     max_points=c.max_points, uirevision=run_id),
         "heatmap": R.entropy_heatmap(hist, max_steps=HEATMAP_STEPS, uirevision=run_id,
                                      x_axis=c.x_axis, walls=F.series(scalars, "entropy/mean")),
+        # hidden (the page's wrapper) when the run logs no mismatch: nothing to read or send
+        "mismatch": M.mismatch_figure(scalars, alerts=routed["mismatch"], smoothing=c.smoothing,
+                                      x_axis=c.x_axis, log_y=c.log_y, max_points=c.max_points,
+                                      uirevision=run_id) if mismatch else F.empty_figure("", 40),
+        "ratios": ratios.result() if ratios else F.empty_figure("", 40),
         "passk": R.passk_figure(scalars, alerts=routed["passk"], smoothing=c.smoothing,
                                 x_axis=c.x_axis, max_points=c.max_points, uirevision=run_id),
         "signals": R.scalar_grid(scalars, F.DIAGNOSTIC_KEYS, alerts=routed["signals"],
@@ -160,10 +181,10 @@ def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None 
     h = _last_entropy(frame)
     state = {"run_id": run_id, "last_step": last, "last_hist_step": last_hist,
              "controls": controls.key(), "entropy": h,
-             "alerts_seen": len(alerts), "forecast": A.latest_forecast(alerts),
+             "alerts_seen": len(alerts), "forecast": A.latest_forecast(alerts), "mismatch": mismatch,
              "keys": wanted, "plans": {name: trace_plan(fig) for name, fig in figures.items()}}
     return {"figures": figures, "state": state, "banner": banner(alerts, run_id, prefix),
-            "run": run, "other_keys": other_keys(keys),
+            "run": run, "other_keys": other_keys(keys), "mismatch": mismatch,
             "verdict": run_verdict(alerts, h, last)}
 
 
@@ -182,9 +203,11 @@ def heatmap_kept(previous: dict | None, state: dict) -> dict | None:
     return {**state, "plans": {**state["plans"], "heatmap": plans["heatmap"]}}
 
 
-def tick_run(reader: Reader, state: dict, controls: Controls, prefix: str = "/") -> dict:
+def tick_run(reader: Reader, state: dict, controls: Controls, prefix: str = "/",
+             focus: int | None = None) -> dict:
     """Patches for the steps ingested since the state's last step (figures map to None
-    when unchanged), the advanced state, and a new banner and verdict when alerts arrived."""
+    when unchanged; the mismatch histogram, a new figure of the newest step unless the page is
+    focused on a step), the advanced state, and a new banner and verdict when alerts arrived."""
     run_id, last = state["run_id"], state["last_step"]
     if last >= 0 and reader.run_progress(run_id) == (last, state["alerts_seen"]):
         # nothing new (the common tick, every live.TICK_MS per open page): one small statement
@@ -219,6 +242,11 @@ def tick_run(reader: Reader, state: dict, controls: Controls, prefix: str = "/")
                                    hist=hist if name == "heatmap" else None)
         out["figures"][name] = patch
         state["plans"][name] = plan
+    if not frame.empty and not state.get("mismatch"):
+        # a run that starts logging mismatch after its first draw: redraw once to show its charts
+        out["redraw"] = out["redraw"] or M.has_mismatch(reader.scalar_keys(run_id))
+    elif not frame.empty and focus is None and frame["key"].str.startswith(M.PREFIX).any():
+        out["figures"]["ratios"] = mismatch_histogram(reader, run_id)
     if not frame.empty:
         state["last_step"] = max(last, int(frame["step"].max()))
         h = _last_entropy(frame)

@@ -1,6 +1,7 @@
 """The tokens page's colour scale (`TokenScale`: one per run and metric, 0 → a top read from the
 run's first token steps, the same at every step, so a collapsed step looks pale beside a
-healthy one) and its pure figure, the position × step heatmap on that same scale."""
+healthy one; the mismatch log ratio diverges around 0 instead) and its pure figure, the
+position × step heatmap on that same scale."""
 from __future__ import annotations
 
 import math
@@ -10,30 +11,60 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from forksight.base.constants import FORK_ENTROPY
+from forksight.base.constants import FORK_ENTROPY, MISMATCH_BANDS, MISMATCH_LIMIT
 from forksight.dashboard.figures import base_layout, clean, empty_figure
 
 METRICS = {"entropy": "entropy H", "renyi2": "Rényi-2 H2", "js": "JS to group",
-           "logp": "surprise −log p"}
-UNITS = {"entropy": "nats", "renyi2": "nats", "js": "nats", "logp": "nats"}
+           "logp": "surprise −log p", "mismatch": "mismatch log r"}
+UNITS = {"entropy": "nats", "renyi2": "nats", "js": "nats", "logp": "nats", "mismatch": "nats"}
 HUES = {"entropy": (232, 89, 12), "renyi2": (95, 61, 196), "js": (11, 114, 133),
-        "logp": (201, 42, 42)}
+        "logp": (201, 42, 42), "mismatch": (178, 24, 43)}
+# the mismatch scale diverges: r > 1 (the trainer's p above the sampler's) in HUES' red, r < 1 in blue
+BELOW_HUE = (33, 102, 172)
+# the token columns a metric is computed from (the others are columns of their own)
+SOURCES = {"mismatch": ("logp", "sampler_logp")}
 MAX_ALPHA = 0.85            # full colour: the text stays readable on it
 EARLY_STEPS = 3             # a run's scale is read from its first token steps...
 TOP_QUANTILE = 0.95         # ...as this quantile, so one outlier does not pale the rest
 # the least top: a run that starts collapsed stays pale instead of being stretched to full colour
-FLOOR = {"entropy": 1.0, "renyi2": 1.0, "js": 0.05, "logp": 1.0}
+FLOOR = {"entropy": 1.0, "renyi2": 1.0, "js": 0.05, "logp": 1.0,
+         "mismatch": math.log(MISMATCH_BANDS[0])}   # ±log 2: the 2x band always fits on the scale
+BAND_MARKS = tuple((sign * math.log(b), f"{b:g}×" if sign > 0 else f"1/{b:g}×")
+                   for b in MISMATCH_BANDS for sign in (-1, 1))
+
+
+def with_log_ratio(tokens: pd.DataFrame) -> pd.DataFrame:
+    """The token rows with a `mismatch` column, log r = logp − sampler_logp per token (NaN where
+    the sampler's log p is unknown): what the mismatch colour shows. Only a difference for the
+    display; every mismatch statistic comes from hooks/metrics/mismatch.py at ingest."""
+    if "sampler_logp" not in tokens or "logp" not in tokens:
+        return tokens.assign(mismatch=np.full(len(tokens), np.nan))
+    return tokens.assign(mismatch=tokens["logp"].to_numpy(np.float64)
+                         - tokens["sampler_logp"].to_numpy(np.float64))
 
 
 @dataclass(frozen=True)
 class TokenScale:
     """Colour = the metric's hue with opacity growing linearly from 0 to `top` (log p: by
-    surprise −log p); `marks` are values named on the legend (the fork threshold)."""
+    surprise −log p); the mismatch log r diverges, from −top (blue) through 0 (clear) to +top
+    (red). `marks` are values named on the legend (the fork threshold, the 2×/5× bands); `empty`:
+    the steps the scale was read from held no value (a run without sampler log p)."""
 
     metric: str
     top: float
     source: str
     marks: tuple[tuple[float, str], ...] = ()
+    empty: bool = False
+
+    @property
+    def diverging(self) -> bool:
+        """Whether the scale runs from −top to +top around 0 (the mismatch log ratio)."""
+        return self.metric == "mismatch"
+
+    @property
+    def low(self) -> float:
+        """The scale's lower end: 0, or −top when diverging."""
+        return -self.top if self.diverging else 0.0
 
     def shown(self, value: float | None) -> float | None:
         """The number the colour encodes: the value, or −log p for log p; None when unknown."""
@@ -42,56 +73,77 @@ class TokenScale:
         return -value if self.metric == "logp" else value
 
     def strength(self, value: float | None) -> float:
-        """Where a value sits on the scale, 0..1 (values past the top saturate)."""
+        """Where a value sits on the scale, 0..1 (−1..1 when diverging; past the ends saturate)."""
         shown = self.shown(value)
-        return 0.0 if shown is None else min(max(shown / self.top, 0.0), 1.0)
+        return 0.0 if shown is None else min(max(shown / self.top, self.low / self.top), 1.0)
 
     def fill(self, strength: float) -> str:
-        """The CSS colour at a point of the scale, 0..1."""
-        r, g, b = HUES[self.metric]
-        return f"rgba({r},{g},{b},{MAX_ALPHA * strength:.3f})"
+        """The CSS colour at a point of the scale, 0..1 (−1..1 when diverging: below 0 in blue)."""
+        r, g, b = BELOW_HUE if strength < 0 else HUES[self.metric]
+        return f"rgba({r},{g},{b},{MAX_ALPHA * abs(strength):.3f})"
 
     def color(self, value: float | None) -> str:
         """The CSS background of a token with this value."""
         return "transparent" if self.shown(value) is None else self.fill(self.strength(value))
 
     def colorscale(self) -> list:
-        """The same colours as a plotly colorscale over [0, top]."""
+        """The same colours as a plotly colorscale over [low, top]."""
+        if self.diverging:      # clear at 0 on both sides: no grey passing through the middle
+            return [[0.0, self.fill(-1.0)], [0.5, self.fill(-0.0001)], [0.5, self.fill(0.0)],
+                    [1.0, self.fill(1.0)]]
         return [[0.0, self.fill(0.0)], [1.0, self.fill(1.0)]]
 
     def ticks(self) -> list[tuple[float, str]]:
-        """(value, label) along the scale: 0, the marks, the top."""
-        inner = [(v, f"{v:.3g} {name}") for v, name in self.marks if 0 < v < self.top]
-        return [(0.0, "0"), *inner, (self.top, f"{self.top:.3g}")]
+        """(value, label) along the scale: the ends, 0 and the marks between them (a diverging
+        end also names its ratio, e⁺ᵗᵒᵖ×)."""
+        inner = [(v, name if self.diverging else f"{v:.3g} {name}") for v, name in self.marks
+                 if self.low < v < self.top]
+        if not self.diverging:
+            return [(0.0, "0"), *inner, (self.top, f"{self.top:.3g}")]
+        ends = [(self.low, f"−{self.top:.3g} ({math.exp(self.low):.2g}×)"),
+                (self.top, f"+{self.top:.3g} ({math.exp(self.top):.3g}×)")]
+        return sorted([ends[0], *inner, (0.0, "0 (1×)"), ends[1]])
 
 
 def metric_bound(metric: str, vocab_size: int | None) -> float:
     """The largest value a metric can take: ln|V| for H, H2 and surprise (inf when |V| is
-    unknown for H and H2), ln 2 for the Jensen–Shannon divergence in nats."""
+    unknown for H and H2), ln 2 for the Jensen–Shannon divergence in nats; the mismatch |log r|
+    is capped at the end of the mismatch histogram (MISMATCH_LIMIT)."""
     if metric == "js":
         return math.log(2.0)
+    if metric == "mismatch":        # the mismatch histogram's end: a ratio of e⁴ ≈ 55×
+        return MISMATCH_LIMIT
     return math.log(vocab_size) if vocab_size and vocab_size > 1 else math.inf
 
 
 def token_scale(early_values: Sequence[float] | np.ndarray, metric: str, *,
                 vocab_size: int | None = None, steps: Sequence[int] = ()) -> TokenScale:
-    """A run's fixed scale for `metric` from its early steps' values (`steps` names them)."""
+    """A run's fixed scale for `metric` from its early steps' values (`steps` names them); the
+    mismatch scale is ± the quantile of |log r|, at least ±log 2."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
     vals = np.asarray(early_values, dtype=np.float64)
-    vals = -vals if metric == "logp" else vals
+    vals = -vals if metric == "logp" else np.abs(vals) if metric == "mismatch" else vals
     vals = vals[np.isfinite(vals)]
     quantile = float(np.quantile(vals, TOP_QUANTILE)) if len(vals) else 0.0
     where = (f"steps {steps[0]}–{steps[-1]}" if len(steps) > 1 else f"step {steps[0]}") \
         if len(steps) else "the first steps"
     top, source = quantile, f"{TOP_QUANTILE:.0%} quantile of {where}"
+    if metric == "mismatch":
+        source = f"± the {TOP_QUANTILE:.0%} quantile of |log r| in {where}" if len(vals) \
+            else f"no sampler log p in {where}"
     if top < FLOOR[metric]:
-        top, source = FLOOR[metric], f"floor ({where} stay below it)"
+        top = FLOOR[metric]
+        if metric != "mismatch":
+            source = f"floor ({where} stay below it)"
+        elif len(vals):
+            source = f"±log 2, the 2× band ({TOP_QUANTILE:.0%} of {where} lie inside it)"
     bound = metric_bound(metric, vocab_size)
     if top > bound:
-        top, source = bound, "ln 2, the largest JS" if metric == "js" else "ln|V|, uniform"
-    marks = ((FORK_ENTROPY, "fork"),) if metric == "entropy" else ()
-    return TokenScale(metric, float(top), source, marks)
+        top, source = bound, {"js": "ln 2, the largest JS", "mismatch": "±4, the histogram's end"
+                              }.get(metric, "ln|V|, uniform")
+    marks = {"entropy": ((FORK_ENTROPY, "fork"),), "mismatch": BAND_MARKS}.get(metric, ())
+    return TokenScale(metric, float(top), source, marks, empty=not len(vals))
 
 
 def position_step_heatmap(tokens: pd.DataFrame | None, scale: TokenScale | str = "entropy",
@@ -104,13 +156,16 @@ def position_step_heatmap(tokens: pd.DataFrame | None, scale: TokenScale | str =
     metric = scale.metric
     if tokens is None or tokens.empty:
         return empty_figure("no token rows for this prompt", height=280)
+    if metric not in tokens or not tokens[metric].notna().any():
+        return empty_figure(f"no {METRICS[metric]} in these token rows"
+                            + (" (no sampler log p)" if metric == "mismatch" else ""), height=120)
     shown = tokens.assign(value=-tokens[metric] if metric == "logp" else tokens[metric])
     table = shown.pivot_table(index="pos", columns="step", values="value", aggfunc="mean")
     ticks = scale.ticks()
     trace = {"type": "heatmap", "x": [str(int(s)) for s in table.columns],
              "y": [int(p) for p in table.index],
              "z": [clean(r) for r in table.to_numpy(np.float64)],
-             "zmin": 0.0, "zmax": scale.top, "colorscale": scale.colorscale(),
+             "zmin": scale.low, "zmax": scale.top, "colorscale": scale.colorscale(),
              "colorbar": {"title": {"text": f"{METRICS[metric]} ({UNITS[metric]})"},
                           "thickness": 10, "tickmode": "array",
                           "tickvals": [v for v, _ in ticks], "ticktext": [t for _, t in ticks]},

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 from dash import html
 
-from forksight.dashboard.token_figures import METRICS, UNITS, TokenScale, token_scale
+from forksight.dashboard.token_figures import (METRICS, UNITS, TokenScale, token_scale,
+                                               with_log_ratio)
 
 def _fmt(value, digits: int = 4) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
@@ -19,16 +20,30 @@ def _fmt(value, digits: int = 4) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (float, np.floating)) else str(value)
 
 
+def _exp(value) -> float | None:
+    return math.exp(value) if value is not None and math.isfinite(value) else None
+
+
+def mismatch_line(row: dict) -> list[str]:
+    """The hover's line on the sampler: p_train and p_sampler as probabilities, their ratio and
+    log r; nothing when the sampler's log p is unknown."""
+    if _exp(row.get("sampler_logp")) is None or _exp(row.get("logp")) is None:
+        return []
+    log_r = row["logp"] - row["sampler_logp"] if row.get("mismatch") is None else row["mismatch"]
+    return [f"p_train {_fmt(_exp(row['logp']))}   p_sampler {_fmt(_exp(row['sampler_logp']))}   "
+            f"ratio p_train/p_sampler {_exp(log_r):.4g}   log r {log_r:+.4f}"]
+
+
 def token_title(row: dict) -> str:
     """Hover text with every number of one token (plain text in a title attribute)."""
-    p = math.exp(row["logp"]) if row.get("logp") is not None and math.isfinite(row["logp"]) \
-        else None
+    p = _exp(row.get("logp"))
     return "\n".join([
         f"token {row.get('token')!r}  id {row.get('token_id')}  position {row.get('pos')}",
         f"entropy H {_fmt(row.get('entropy'))}   Rényi-2 H2 {_fmt(row.get('renyi2'))}",
         f"JS to group {_fmt(row.get('js'))}   log p {_fmt(row.get('logp'))}   p {_fmt(p)}",
         f"top-1 p {_fmt(row.get('top1'))}   fork {_fmt(row.get('fork'))}   "
         f"trained on {_fmt(row.get('selected'))}",
+        *mismatch_line(row),
         *(["environment text (tool output): not sampled from the policy, not scored"] if row.get("env") else []),
     ])
 
@@ -37,7 +52,10 @@ def token_spans(tokens: pd.DataFrame, metric: str = "entropy", scale: TokenScale
                 ) -> list[html.Span]:
     """One html.Span per token row (ordered by position): text as children, colour by metric
     on `scale` (default: a scale read from these rows), class `fork` (outlined) and `sel`
-    (underlined) where the data says so."""
+    (underlined) where the data says so, `nolr` (greyed) for a token the mismatch mode cannot
+    colour (no sampler log p)."""
+    if metric == "mismatch" and "mismatch" not in tokens:
+        tokens = with_log_ratio(tokens)
     if scale is None:
         scale = token_scale(tokens[metric] if metric in tokens else [], metric)
     spans = []
@@ -50,6 +68,8 @@ def token_spans(tokens: pd.DataFrame, metric: str = "entropy", scale: TokenScale
             classes.append("sel")
         if row.get("env"):       # a tool's or environment's text: shown in place, never scored
             classes.append("env")
+        elif scale.diverging and scale.shown(row.get(scale.metric)) is None:
+            classes.append("nolr")   # unknown, not "the engines agree" (which is clear too)
         text = row.get("token")
         spans.append(html.Span(
             children="∅" if text is None or text == "" else str(text),
@@ -91,24 +111,44 @@ def legend(scale: TokenScale) -> html.Div:
     """The colour scale with its numbers (0, the fork threshold, the top), where the top comes
     from, and what the outline and underline mean."""
     def at(value: float) -> dict:
-        where = 100 * value / scale.top
+        where = 100 * (value - scale.low) / (scale.top - scale.low)
         # the end labels sit inside the bar's ends, the others centred on their value
         shift = {0.0: "none", 100.0: "translateX(-100%)"}.get(round(where, 2), "translateX(-50%)")
         return {"left": f"{where:.2f}%", "transform": shift}
-    ends, inner = [scale.ticks()[0], scale.ticks()[-1]], scale.ticks()[1:-1]
-    # the ends' numbers under the bar, the marks' (fork threshold) above: they never overlap
+    ticks = scale.ticks()
+    # the ends' numbers (and a diverging scale's 0) under the bar, the marks' (fork threshold,
+    # the 2×/5× bands) above: they never overlap
+    ends = [t for t in ticks if t in (ticks[0], ticks[-1]) or (scale.diverging and t[0] == 0.0)]
+    inner = [t for t in ticks if t not in ends]
     ticks = [html.Span(label, className="scale-tick", style=at(v)) for v, label in ends] + \
         [html.Span(label, className="scale-tick above", style=at(v)) for v, label in inner]
     marks = [html.Span(className="scale-mark", style=at(v)) for v, _ in inner]
-    gradient = f"linear-gradient(to right, {scale.fill(0.0)}, {scale.fill(1.0)})"
+    stops = (-1.0, 0.0, 1.0) if scale.diverging else (0.0, 1.0)
+    gradient = f"linear-gradient(to right, {', '.join(scale.fill(v) for v in stops)})"
     return html.Div(className="tok-legend", children=[
         html.Span(f"{METRICS[scale.metric]}, fixed for this run: ", className="scale-name"),
-        html.Div(className="scale", id="tok-scale", **{"data-top": f"{scale.top:.6g}"},
+        *mismatch_notes(scale),
+        html.Div(className="scale", id="tok-scale", **{"data-top": f"{scale.top:.6g}",
+                                                       "data-low": f"{scale.low:.6g}"},
                  children=[html.Div(className="scale-bar", style={"background": gradient}),
                            *marks, *ticks]),
-        html.Span(f"{UNITS[scale.metric]} · top = {scale.source}", className="scale-source"),
+        html.Span(f"{UNITS[scale.metric]} · {'ends' if scale.diverging else 'top'} = {scale.source}",
+                  className="scale-source"),
         html.Span("fork token (H ≥ threshold)", className="tok fork",
                   style={"marginLeft": "14px"}),
         html.Span("trained on", className="tok sel", style={"marginLeft": "10px"}),
         html.Span("environment text", className="tok env", style={"marginLeft": "10px"}),
     ])
+
+
+def mismatch_notes(scale: TokenScale) -> list:
+    """What the mismatch legend says beside its bar: that a run has no sampler log p at all, or
+    which way the colours go."""
+    if not scale.diverging:
+        return []
+    if scale.empty:
+        return [html.Span("no sampler log p: tokens stay uncoloured (log it: README, "
+                          "training–inference mismatch)", className="notice", id="tok-no-sampler")]
+    return [html.Span("log r = log p_train − log p_sampler: blue, the trainer's p lower than "
+                      "the sampler's; red, higher; grey text: the sampler's log p unknown",
+                      className="scale-source", style={"flexBasis": "100%", "order": 9})]

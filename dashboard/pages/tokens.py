@@ -15,8 +15,8 @@ from forksight.dashboard.figures import downsample_indices
 from forksight.dashboard.live import TICK_MS
 from forksight.dashboard.run_options import run_options, searchable
 from forksight.dashboard.run_view import vocab_size
-from forksight.dashboard.token_figures import (EARLY_STEPS, METRICS, TokenScale,
-                                               position_step_heatmap, token_scale)
+from forksight.dashboard.token_figures import (EARLY_STEPS, METRICS, SOURCES, TokenScale,
+                                               position_step_heatmap, token_scale, with_log_ratio)
 from forksight.dashboard.tokens_view import legend, pick_sample, sample_label, token_spans
 
 HISTORY_STEPS = 24      # columns of the position × step heatmap (one read per step, cached)
@@ -24,8 +24,8 @@ HISTORY_STEPS = 24      # columns of the position × step heatmap (one read per 
 
 def _step_rows(reader: Reader, run_id: str, step: int, cache: LRU | None = None,
                newest: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    def read():
-        return reader.read_tokens(run_id, step), reader.read_samples(run_id, step=step)
+    def read():      # with the mismatch log ratio beside the stored columns (the mismatch colour)
+        return with_log_ratio(reader.read_tokens(run_id, step)), reader.read_samples(run_id, step=step)
     # a past step's rows never change: the app caches them so the heatmap and slider stay
     # fast; the newest step may still get rows from other ranks, so it is read again
     if cache is None or (newest is not None and step >= newest):
@@ -125,13 +125,18 @@ def prompt_history(reader: Reader, run_id: str, prompt: str | None, metric: str,
     sampled rollout: the prompt is unknown or recurs at fewer than MIN_PROMPT_STEPS steps)."""
     steps = history_steps(reader, run_id, max_steps) if all_steps is None else \
         [all_steps[i] for i in downsample_indices(len(all_steps), max_steps)]
+    columns = SOURCES.get(metric, (metric,))         # mismatch: from logp and sampler_logp
+
+    def read(*mine) -> pd.DataFrame:
+        rows = reader.read_token_history(run_id, steps, columns, *mine).reset_index(drop=True)
+        return with_log_ratio(rows) if metric == "mismatch" else rows
     if steps and prompt:
-        rows = reader.read_token_history(run_id, steps, metric, prompt)
+        rows = read(prompt)
         if rows["step"].nunique() >= MIN_PROMPT_STEPS:
-            return rows.reset_index(drop=True), True
+            return rows, True
     if not steps:
         return pd.DataFrame({"step": [], "pos": [], metric: []}), False
-    return reader.read_token_history(run_id, steps, metric).reset_index(drop=True), False
+    return read(), False
 
 
 MARKS = 8               # labelled steps under the slider

@@ -1,13 +1,17 @@
 """The tokens page's step picker reads: the span of a run's token steps and the token step
 nearest each wanted step, from the writer's token_steps index, so the page never reads (and
-the browser never holds) the whole step list. A mixin of the Reader (reads via its _fetch)."""
+the browser never holds) the whole step list; and the run page's one-step histogram read (the
+mismatch ratio histogram). A mixin of the Reader (reads via its _fetch and _query)."""
 from __future__ import annotations
 
 from typing import Sequence
 
+NEAR_STEPS = 256        # steps from a run's first / last scalar step where its histogram ends sit
+
 
 class TokenStepReads:
-    """Reader.token_step_span, first_token_steps, nearest_token_steps and spread_token_steps (mixed into the Reader)."""
+    """Reader.token_step_span, first_token_steps, nearest_token_steps, spread_token_steps and
+    read_histogram_ends (mixed into the Reader)."""
 
     def token_step_span(self, run_id: str) -> tuple[int, int | None, int | None]:
         """(how many steps hold token rows, the first, the last); (0, None, None) when none."""
@@ -20,15 +24,19 @@ class TokenStepReads:
         return [int(r[0]) for r in self._fetch("SELECT step FROM token_steps WHERE run_id = ? "
                                                "ORDER BY step LIMIT ?", [run_id, max(0, int(n))])]
 
-    def read_token_history(self, run_id: str, steps: Sequence[int], metric: str,
+    def read_token_history(self, run_id: str, steps: Sequence[int], metric: str | Sequence[str],
                            prompt: str | None = None, per_step: int = 20_000):
         """(step, pos, metric) token rows of several steps in one read, at most per_step rows a
-        step (ordered by rank, sample, position); prompt: only the rollouts of that prompt (its
+        step (ordered by rank, sample, position); metric: a column, or several (the mismatch
+        colour reads logp and sampler_logp); prompt: only the rollouts of that prompt (its
         samples' ids, per step). The tokens page's position × step heatmap."""
         from forksight.base.tables import TOKENS
 
-        if metric not in TOKENS.names or metric in ("run_id", "step", "pos", "token"):
-            raise ValueError(f"metric must be a token statistic column, got {metric!r}")
+        columns = [metric] if isinstance(metric, str) else list(metric)
+        for column in columns or [None]:
+            if column not in TOKENS.names or column in ("run_id", "step", "pos", "token"):
+                raise ValueError(f"metric must be a token statistic column, got {column!r}")
+        metric = ", ".join(columns)
         steps = [int(s) for s in steps]
         mine = "" if prompt is None else """ SEMI JOIN (
             SELECT step, sample_id FROM samples WHERE run_id = ? AND prompt = ?
@@ -62,3 +70,35 @@ class TokenStepReads:
             GROUP BY least({n - 1}, (t.step - s.lo) * {n} // greatest(1, s.hi - s.lo))
             UNION SELECT hi FROM s WHERE hi IS NOT NULL""", [run_id, run_id])
         return sorted(int(r[0]) for r in rows)
+
+    def read_histogram_ends(self, run_id: str, key: str, at: int | None = None):
+        """(step, bin_lo, bin_hi, count) of at most two steps of a histogram, ranks summed: the
+        run's first step holding it and its last at or before `at` (None: the last). The bins of
+        two steps whatever the run's length (the run page's mismatch ratio histogram)."""
+        import pandas as pd
+
+        span = self._fetch("SELECT coalesce(first_step, 0), coalesce(last_step, -1) FROM runs "
+                           "WHERE run_id = ?", [run_id])
+        first, last = span[0] if span else (0, -1)
+        top = last if at is None else min(int(at), last)
+        # the ends are looked for near the run's first and last scalar steps first (where a
+        # producer writes them): a scan of a few row groups, not of every step's bins
+        head = self._histogram_end(run_id, key, first, first + NEAR_STEPS, last=False)
+        if head.empty:
+            head = self._histogram_end(run_id, key, -(1 << 62), top, last=False)
+        tail = self._histogram_end(run_id, key, top - NEAR_STEPS, top, last=True)
+        if tail.empty:
+            tail = self._histogram_end(run_id, key, -(1 << 62), top, last=True)
+        if len(head) and len(tail) and head["step"].iloc[0] == tail["step"].iloc[0]:
+            return tail
+        return pd.concat([head, tail], ignore_index=True) if len(head) and len(tail) else \
+            (head if len(head) else tail)
+
+    def _histogram_end(self, run_id: str, key: str, lo: int, hi: int, last: bool):
+        """The bins (ranks summed) of the last (first) step in [lo, hi] holding the histogram."""
+        return self._query(f"""
+            SELECT step, bin_lo, bin_hi, sum(count) AS count FROM histograms
+            WHERE run_id = ? AND key = ? AND step BETWEEN ? AND ?
+            GROUP BY step, bin_lo, bin_hi
+            QUALIFY step = {'max' if last else 'min'}(step) OVER ()
+            ORDER BY bin_lo""", [run_id, key, int(lo), int(hi)])
