@@ -5,6 +5,7 @@ them (TensorBoard's *_impl pattern), and the benchmark times them directly.
 from __future__ import annotations
 
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ from forksight.base.runconfig import vocab_size_of
 from forksight.base.interfaces import Reader
 from forksight.dashboard import alert_figures as A
 from forksight.dashboard import figures as F
+from forksight.dashboard import heldout_figures as H
 from forksight.dashboard import mismatch_figures as M
 from forksight.dashboard import run_figures as R
 from forksight.dashboard.data import LRU
@@ -25,6 +27,7 @@ from forksight.dashboard.verdict import Verdict, verdict
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="forksight-dash-read")
 ALL_POINTS = 1 << 40          # "all" in the downsampling picker
 HEATMAP_STEPS = 600           # heatmap columns: more than the eye resolves at 1,000 px
+EVAL_WATCH_S = 120.0          # how long after a step a live page looks for its late evaluation
 RUN_KEYS_CORE = ("entropy/mean", "entropy/p20", "entropy/p80", "renyi2/mean", "js/mean",
                  "reward/mean")
 
@@ -62,7 +65,8 @@ def vocab_size(run: dict | None) -> int | None:
 
 def other_keys(keys: list[str]) -> list[str]:
     """Scalar keys not already on a fixed chart: the 'any other scalar by name' choices."""
-    shown = set(RUN_KEYS_CORE) | set(F.DIAGNOSTIC_KEYS) | set(F.pass_keys(keys)) | set(M.DRAWN_KEYS)
+    shown = set(RUN_KEYS_CORE) | set(F.DIAGNOSTIC_KEYS) | set(F.pass_keys(keys)) | \
+        set(M.DRAWN_KEYS) | set(H.eval_pass_keys(keys))
     return [k for k in keys if k not in shown]
 
 
@@ -84,7 +88,7 @@ def waiting_figures(message: str = "waiting for the first step of this run…") 
     return {g: F.empty_figure(message if g == "entropy" else "", height=200 if g == "entropy"
                               else 40)
             for g in ("entropy", "heatmap", "mismatch", "ratios", "passk", "signals",
-                      "custom")}
+                      "custom", "heldout")}
 
 
 def mismatch_histogram(reader: Reader, run_id: str, at: int | None = None) -> dict:
@@ -140,15 +144,17 @@ def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None 
     focus: the step the mismatch histogram shows, else its newest)."""
     keys = reader.scalar_keys(run_id)
     mismatch = M.has_mismatch(keys)
+    heldout = H.has_heldout(keys)
     wanted = [*RUN_KEYS_CORE, *F.DIAGNOSTIC_KEYS, *F.pass_keys(keys), *controls.custom_keys,
-              *(M.DRAWN_KEYS if mismatch else ())]
+              *(M.DRAWN_KEYS if mismatch else ()), *H.eval_pass_keys(keys)]
     wanted = [k for k in dict.fromkeys(wanted) if k in set(keys)]
     ratios = _POOL.submit(mismatch_histogram, reader, run_id, focus) if mismatch else None
     run, frame, hist, alerts = read_run(reader, run_id, wanted, controls.max_points, cache)
     scalars = F.by_key(frame)
     c = controls
     # each alert on the chart that shows its signal; the rest as markers on the entropy chart
-    routed = A.route_alerts(alerts, {"passk": R.passk_signals(keys),
+    routed = A.route_alerts(alerts, {"heldout": H.eval_pass_keys(keys),
+                                     "passk": R.passk_signals(keys),
                                      "signals": F.DIAGNOSTIC_KEYS, "mismatch": M.DRAWN_KEYS,
                                      "custom": c.custom_keys})
     figures = {
@@ -164,6 +170,10 @@ def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None 
         "ratios": ratios.result() if ratios else F.empty_figure("", 40),
         "passk": R.passk_figure(scalars, alerts=routed["passk"], smoothing=c.smoothing,
                                 x_axis=c.x_axis, max_points=c.max_points, uirevision=run_id),
+        # hidden (the page's wrapper) when the run logs no held-out eval/pass@k
+        "heldout": H.heldout_figure(scalars, alerts=routed["heldout"], smoothing=c.smoothing,
+                                    x_axis=c.x_axis, max_points=c.max_points,
+                                    uirevision=run_id) if heldout else F.empty_figure("", 40),
         "signals": R.scalar_grid(scalars, F.DIAGNOSTIC_KEYS, alerts=routed["signals"],
                                  smoothing=c.smoothing,
                                  x_axis=c.x_axis, log_y=c.log_y, max_points=c.max_points,
@@ -182,10 +192,19 @@ def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None 
     state = {"run_id": run_id, "last_step": last, "last_hist_step": last_hist,
              "controls": controls.key(), "entropy": h,
              "alerts_seen": len(alerts), "forecast": A.latest_forecast(alerts), "mismatch": mismatch,
+             "heldout": heldout, "last_eval_step": _last_eval_step(frame),
+             # a live run's next evaluation may land after its step's rows: look for it a while
+             "eval_watch_until": time.time() + EVAL_WATCH_S if (run or {}).get("status") == "live"
+             else 0.0,
              "keys": wanted, "plans": {name: trace_plan(fig) for name, fig in figures.items()}}
     return {"figures": figures, "state": state, "banner": banner(alerts, run_id, prefix),
-            "run": run, "other_keys": other_keys(keys), "mismatch": mismatch,
+            "run": run, "other_keys": other_keys(keys), "mismatch": mismatch, "heldout": heldout,
             "verdict": run_verdict(alerts, h, last)}
+
+
+def _last_eval_step(frame: pd.DataFrame) -> int:
+    rows = frame[frame["key"].str.startswith("eval/pass@")] if not frame.empty else frame
+    return int(rows["step"].max()) if len(rows) else -1
 
 
 def heatmap_kept(previous: dict | None, state: dict) -> dict | None:
@@ -211,8 +230,9 @@ def tick_run(reader: Reader, state: dict, controls: Controls, prefix: str = "/",
     run_id, last = state["run_id"], state["last_step"]
     if last >= 0 and reader.run_progress(run_id) == (last, state["alerts_seen"]):
         # nothing new (the common tick, every live.TICK_MS per open page): one small statement
-        return {"figures": dict.fromkeys(state["plans"]), "banner": None, "redraw": False,
-                "state": state, "verdict": None}
+        # (two for a held-out run just after a step: its evaluation lands after the step's rows)
+        return {"figures": dict.fromkeys(state["plans"]), "banner": None,
+                "redraw": new_evaluation(reader, state), "state": state, "verdict": None}
     if last < 0:                      # warming up: the first step's keys are not known yet
         started = bool(reader.scalar_keys(run_id))
         return {"figures": {}, "banner": None, "redraw": started, "state": state,
@@ -242,6 +262,15 @@ def tick_run(reader: Reader, state: dict, controls: Controls, prefix: str = "/",
                                    hist=hist if name == "heatmap" else None)
         out["figures"][name] = patch
         state["plans"][name] = plan
+    if not frame.empty and not state.get("heldout"):
+        # a run's first held-out evaluation: redraw once to show the chart
+        out["redraw"] = out["redraw"] or H.has_heldout(reader.scalar_keys(run_id))
+    elif not frame.empty:
+        # a new evaluation moves the shaded cost of collapse: redraw (every eval_every steps).
+        # Read apart from the frame: the trainer logs step S's eval after step S's scalars, so
+        # it may land after the tick has moved past S
+        out["redraw"] = out["redraw"] or new_evaluation(reader, state, watch=False)
+        state["eval_watch_until"] = time.time() + EVAL_WATCH_S
     if not frame.empty and not state.get("mismatch"):
         # a run that starts logging mismatch after its first draw: redraw once to show its charts
         out["redraw"] = out["redraw"] or M.has_mismatch(reader.scalar_keys(run_id))
@@ -260,6 +289,18 @@ def tick_run(reader: Reader, state: dict, controls: Controls, prefix: str = "/",
         out["verdict"] = run_verdict(alerts, state.get("entropy"), state["last_step"])
     out["state"] = state
     return out
+
+
+def new_evaluation(reader: Reader, state: dict, watch: bool = True) -> bool:
+    """Whether a held-out run stored an evaluation since the one drawn. watch: only within
+    EVAL_WATCH_S of its last new step (an evaluation follows its step's rows by the time it
+    takes; the run's final one comes after its last step)."""
+    if not state.get("heldout") or (watch and time.time() > state.get("eval_watch_until", 0)):
+        return False
+    evals = reader.read_scalars(state["run_id"], keys=H.eval_pass_keys(state["keys"]),
+                                downsample=ALL_POINTS,
+                                since_step=state.get("last_eval_step", -1) + 1)
+    return not evals.empty
 
 
 def status_line(run: dict | None, state: dict | None) -> str:
