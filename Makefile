@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip show torch >/dev/null 2>&1 || $(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[trl,dev]'
+	$(BIN)/python -m pip install -q -e '.[trl,dev,lake]'
 	# TRL 1.14 (logits path) side by side, for tests/test_trl.py: PYTHONPATH=$(VENV)/trl114
 	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/trl114 'trl==1.14.*'
 	touch $(STAMP)

@@ -38,6 +38,20 @@ def add_parser(subparsers) -> None:
                        help="override one alert setting, e.g. --alert collapse.floor=0.1 (repeatable)")
     serve.add_argument("--webhook", metavar="URL", default=None,
                        help="post every alert to this Slack-compatible webhook (default $FORKSIGHT_WEBHOOK_URL)")
+    lake = serve.add_argument_group("lake", "also commit every row to an Apache Iceberg lake (docs/lake.md; "
+                                    "needs pip install 'forksight[lake]')")
+    lake.add_argument("--lake-catalog", metavar="URI", default=None,
+                      help="the lake's catalog: a SQLAlchemy URL (postgresql+psycopg2://user:pw@host/db, "
+                      "sqlite:///catalog.db) or an Iceberg REST URL (https://...)")
+    lake.add_argument("--lake-warehouse", metavar="LOCATION", default=None,
+                      help="where the lake's files go: a directory, s3://... or gs://...")
+    lake.add_argument("--lake-commit-rows", type=int, default=None, metavar="N",
+                      help="commit a table once this many rows wait (default 500000)")
+    lake.add_argument("--lake-commit-seconds", type=float, default=None, metavar="S",
+                      help="... or once its oldest waiting rows are this old (default 30)")
+    lake.add_argument("--collector-id", default=None, metavar="ID",
+                      help="this collector's name in the lake (default: stored in the DuckDB file, first "
+                      "made from the host name); unique per collector writing one lake")
     serve.set_defaults(func=run_serve)
 
     export = subparsers.add_parser("export", help="write a run as hive-partitioned Parquet",
@@ -71,6 +85,11 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 2
+    try:
+        catalog = _lake_catalog(args)        # before the file: a wrong URI leaves nothing behind
+    except RuntimeError as exc:
+        print(f"forksight serve: {exc}", file=sys.stderr)
+        return 2
     busy = port_in_use(args.host, args.port)
     if busy:                 # before the file: a refused start leaves nothing behind
         print(f"forksight serve: port {args.port} on {args.host or 'every interface'} is in use ({busy}); "
@@ -88,8 +107,16 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 1
     try:
+        lake = _start_lake(args, store, catalog)
+    except RuntimeError as exc:
+        store.close()
+        print(f"forksight serve: {exc}", file=sys.stderr)
+        return 2
+    try:
         app = create_app(store, token=token, dashboard=not args.no_dashboard, hub=hub)
     except BaseException:
+        if lake is not None:
+            lake.stop()
         store.close()
         raise
     where = f"http://{args.host}:{args.port}" if args.host.strip() else f"every interface, port {args.port}"
@@ -110,6 +137,8 @@ def run_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:          # Ctrl-C, raised again by uvicorn once it has shut down
         pass
     finally:
+        if lake is not None:     # one last drain while the store still answers
+            lake.stop()
         store.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -158,6 +187,32 @@ def _stop_quietly_on_sigterm():
     if threading.current_thread() is not threading.main_thread():
         return None
     return signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _lake_catalog(args: argparse.Namespace):
+    """The lake's catalog, reached and checked now (None without --lake-catalog); LakeError says why not."""
+    if args.lake_catalog is None:
+        if args.lake_warehouse or args.lake_commit_rows or args.lake_commit_seconds:
+            raise RuntimeError("--lake-warehouse/--lake-commit-* need --lake-catalog URI")
+        return None
+    if not args.lake_warehouse:
+        raise RuntimeError("--lake-catalog needs --lake-warehouse LOCATION (a directory, s3://... or gs://...)")
+    from forksight.monitor.lake.catalog import open_catalog
+
+    return open_catalog(args.lake_catalog, args.lake_warehouse)
+
+
+def _start_lake(args: argparse.Namespace, store, catalog):
+    """The lake's committer over `store` (None without a catalog)."""
+    if catalog is None:
+        return None
+    from forksight.monitor.lake.service import DEFAULT_COMMIT_ROWS, DEFAULT_COMMIT_SECONDS, start_lake
+
+    lake = start_lake(store, catalog, uri=args.lake_catalog, warehouse=args.lake_warehouse,
+                      collector_id=args.collector_id, commit_rows=args.lake_commit_rows or DEFAULT_COMMIT_ROWS,
+                      commit_seconds=args.lake_commit_seconds or DEFAULT_COMMIT_SECONDS)
+    print(f"forksight lake: collector {lake.collector} commits to {lake.uri} ({args.lake_warehouse})", flush=True)
+    return lake
 
 
 def _alert_hub(args: argparse.Namespace):

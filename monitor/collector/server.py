@@ -118,9 +118,24 @@ def create_api(store: Store, *, hub=None) -> FastAPI:
     def health() -> JSONResponse:
         """The collector's state: 200 while the store can write, 503 (with why) when it cannot."""
         state = store.health()
-        return JSONResponse({"service": "forksight", "status": "ok" if state["writable"] else "unavailable",
-                             "db": store.path, "time": time.time(), "store": state, "limits": limits()},
-                            status_code=200 if state["writable"] else 503)
+        lake = state.pop("lake", None)
+        status = "ok" if state["writable"] else "unavailable"
+        if status == "ok" and lake is not None and lake["state"] != "ok":
+            status = "degraded"          # ingest is acknowledged; the lake's backlog waits (see `lake`)
+        body = {"service": "forksight", "status": status, "db": store.path, "time": time.time(), "store": state,
+                "limits": limits(), **({"lake": lake} if lake is not None else {})}
+        return JSONResponse(body, status_code=200 if state["writable"] else 503)
+
+    @app.get("/api/health/lake", responses={404: {"description": "no lake configured"},
+                                            503: {"description": "the lake's catalog refuses commits"}})
+    def lake_health() -> JSONResponse:
+        """The lake's state (--lake-catalog): 200 while commits go through, 503 with the backlog
+        waiting in DuckDB while the catalog refuses them."""
+        if store.lake_health is None:
+            return JSONResponse({"detail": "this collector writes no lake: start it with --lake-catalog"},
+                                status_code=404)
+        lake = store.lake_health()
+        return JSONResponse(lake, status_code=200 if lake["state"] == "ok" else 503)
 
     @app.post("/api/lost_rows/acknowledge")
     def acknowledge_lost_rows() -> dict:

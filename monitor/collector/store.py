@@ -137,6 +137,8 @@ class Store(StoreHealth):
         self._keys: dict[str, set[str]] = {}     # scalar keys known to be in scalar_keys, per run
         self._on_close: list[Callable[[], None]] = []
         self._closed = False
+        # the lake's outbox (forksight.monitor.lake): (cur, table, run_id, rows) in each write's transaction
+        self.lake_outbox: Callable[[Any, str, str, pa.Table], None] | None = None
         self._wcur = self._conn.cursor()
         self._thread = threading.Thread(target=self._run, name="forksight-store-writer", daemon=True)
         self._thread.start()
@@ -166,6 +168,11 @@ class Store(StoreHealth):
         else:
             self._queue.put(_CallJob(fn, fut))
         return fut
+
+    def read_cursor(self):
+        """A cursor of its own for another thread's reads (close it after use)."""
+        with self.reader._lock:
+            return self._conn.cursor()
 
     def call(self, fn: Callable[[Any], Any]) -> Any:
         """Run fn(cursor) on the writer thread, in order with queued writes; return its result."""
@@ -320,6 +327,8 @@ class Store(StoreHealth):
                         # one contiguous chunk: DuckDB inserts it ~1.4x faster than many small ones
                         data = pa.concat_tables(parts).combine_chunks()
                         insert_arrow(cur, name, data, run_id)
+                        if self.lake_outbox is not None:     # committed (or not) with the rows themselves
+                            self.lake_outbox(cur, name, run_id, data)
                         if name == "tokens":     # the step list the tokens page reads
                             add_token_steps(cur, run_id, pa.concat_arrays([pc.unique(t["step"]) for t in parts]))
                         if name == "scalars":    # the run's step span, kept on its row for the runs list

@@ -33,6 +33,8 @@ class StoreHealth:
     """Mixed into Store: needs path, reader, _conn, _wcur, _config, _ledger, _fault, _tried,
     _closed, submit and call."""
 
+    lake_health = None     # set by the lake (forksight.monitor.lake): () -> its state, for /api/health
+
     # -- the store's health: the row ledger (monitor/collector/ledger.py) and storage faults
     @property
     def missing_rows(self) -> dict[str, int]:
@@ -65,6 +67,8 @@ class StoreHealth:
                  "read_only": read_only, "closed": self._closed, "free_bytes": free,
                  "needed_bytes": fault.needed if fault else None, "error": fault.message(self.path) if fault else None,
                  "lost_rows": self.lost_rows, "lost_since": self._ledger.lost_since}
+        if self.lake_health is not None:     # the lake's backlog waits in the file: ingest is unaffected
+            state["lake"] = self.lake_health()
         return state
 
     def _note(self, exc: BaseException, batch_bytes: int = 0) -> StoreUnavailable | None:

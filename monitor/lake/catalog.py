@@ -1,0 +1,80 @@
+"""Opening the lake's catalog from `--lake-catalog URI --lake-warehouse LOCATION`: a SQLAlchemy URL
+is pyiceberg's SQL catalog (PostgreSQL, or SQLite on one box), http(s) an Iceberg REST catalog.
+Every way this fails is a LakeError saying what and how to fix it."""
+from __future__ import annotations
+
+import os
+from urllib.parse import urlparse
+
+from forksight.monitor.lake.errors import LakeError
+from forksight.monitor.lake.schema import LAKE_TABLES, NAMESPACE, ensure_table
+
+CATALOG_NAME = "forksight"
+CONNECT_TIMEOUT_S = 5
+EXAMPLES = "e.g. postgresql+psycopg2://user:password@host:5432/db, sqlite:////var/lib/forksight/catalog.db " \
+           "or https://iceberg-rest.example.com"
+
+
+def redact(uri: str) -> str:
+    """The URI without its password, for messages and /api/health."""
+    parsed = urlparse(uri)
+    if parsed.password:
+        return uri.replace(f":{parsed.password}@", ":***@", 1)
+    return uri
+
+
+def warehouse_location(location: str) -> str:
+    """A plain directory becomes an absolute file:// location (created); URLs pass unchanged."""
+    if not location or not location.strip():
+        raise LakeError("--lake-warehouse is empty: give a directory or an object-store URL (s3://bucket/path)")
+    if "://" in location:
+        return location
+    path = os.path.abspath(location)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise LakeError(f"cannot create the lake warehouse directory {path}: {exc.strerror}; give a writable "
+                        "--lake-warehouse") from None
+    return "file://" + path
+
+
+def open_catalog(uri: str, warehouse: str, *, check: bool = True):
+    """The catalog for `uri`; check: reach it now (create the namespace and the six tables, evolve their
+    schemas), so a wrong URI or an incompatible lake is refused at start."""
+    try:
+        import pyiceberg  # noqa: F401
+    except ImportError:
+        raise LakeError("the lake needs pyiceberg: pip install 'forksight[lake]'") from None
+    location = warehouse_location(warehouse)
+    scheme = urlparse(uri).scheme.lower() if uri else ""
+    try:
+        if scheme in ("http", "https"):
+            from pyiceberg.catalog.rest import RestCatalog
+
+            catalog = RestCatalog(CATALOG_NAME, uri=uri, warehouse=location)
+        elif scheme.startswith(("postgresql", "sqlite", "mysql")):
+            from pyiceberg.catalog.sql import SqlCatalog
+            from sqlalchemy.engine import make_url
+
+            url = make_url(uri)       # a malformed URL: ArgumentError, said below
+            if url.get_backend_name() == "postgresql" and "connect_timeout" not in url.query:
+                # an unreachable host: an error in seconds, not the TCP timeout's minutes
+                url = url.update_query_dict({"connect_timeout": str(CONNECT_TIMEOUT_S)})
+            # pre-ping: a pooled connection PostgreSQL dropped (a restart) is replaced, not an error
+            catalog = SqlCatalog(CATALOG_NAME, uri=url.render_as_string(hide_password=False), warehouse=location,
+                                 pool_pre_ping="true")
+        else:
+            raise LakeError(f"--lake-catalog {redact(uri)!r}: not a catalog URI (scheme {scheme or 'missing'!r}); "
+                            f"give a SQLAlchemy URL or an Iceberg REST URL, {EXAMPLES}")
+        if check:
+            catalog.create_namespace_if_not_exists(NAMESPACE)
+            for spec in LAKE_TABLES.values():
+                ensure_table(catalog, spec)
+    except LakeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every driver's failure (refused, unknown host, bad URL) said once
+        detail = " ".join(str(exc).split())[:300]
+        raise LakeError(f"cannot use the lake catalog {redact(uri)} with warehouse {location} "
+                        f"({type(exc).__name__}: {detail}); check the catalog is running and reachable and the "
+                        f"URI is right, {EXAMPLES}") from None
+    return catalog

@@ -1,0 +1,240 @@
+"""The committer: a thread that drains the outbox into the lake exactly once. Each commit appends one
+range of outbox sequence numbers and, in the same Iceberg commit, records the range in the snapshot's
+summary and the collector's watermark in the table's properties; only then are the rows deleted from
+the outbox. A crash between the two leaves rows the lake already holds: every cycle (and the start)
+first drops the outbox rows at or below the lake's watermark, so they are never committed twice."""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+import threading
+import time
+import warnings
+
+from forksight.monitor.lake.catalog import redact
+from forksight.monitor.lake.outbox import Outbox, backlog
+from forksight.monitor.lake.schema import COLLECTOR, STEP_TABLES, conform, identifier
+
+log = logging.getLogger("forksight.lake")
+# an overwrite of runs that are new to the lake deletes nothing: expected, not worth a warning
+warnings.filterwarnings("ignore", message="Delete operation did not match any records")
+
+PROP_COLLECTOR = "forksight.collector"
+PROP_LO, PROP_HI = "forksight.seq-lo", "forksight.seq-hi"
+POLL_S = 0.5             # how often the outbox is looked at
+MAX_BACKOFF_S = 30.0     # a catalog that is down is asked again at most this far apart
+CONFLICT_TRIES = 8       # commit conflicts with other collectors, on top of pyiceberg's own retries
+PAUSE_ENV = "FORKSIGHT_LAKE_PAUSE_AFTER_COMMIT"   # tests: seconds to sleep between the commit and the delete
+
+
+def watermark_key(collector: str) -> str:
+    return f"forksight.committed-seq.{collector}"
+
+
+def committed_seq(table, collector: str) -> int:
+    """The highest outbox sequence number of `collector` the table holds (its property survives
+    `lake expire`; the snapshot summaries are the record of each commit)."""
+    top = int(table.properties.get(watermark_key(collector), 0))
+    for snap in table.metadata.snapshots:
+        props = snap.summary.additional_properties if snap.summary is not None else {}
+        if props.get(PROP_COLLECTOR) == collector and PROP_HI in props:
+            top = max(top, int(props[PROP_HI]))
+    return top
+
+
+class Committer:
+    """Drains `outbox` into `catalog` in batches of `commit_rows` rows or every `commit_seconds`."""
+
+    def __init__(self, store, outbox: Outbox, catalog, *, uri: str, warehouse: str,
+                 commit_rows: int, commit_seconds: float):
+        self.store, self.outbox, self.catalog = store, outbox, catalog
+        self.collector = outbox.collector_id
+        self.uri, self.warehouse = redact(uri), warehouse
+        self.commit_rows, self.commit_seconds = commit_rows, commit_seconds
+        self._first_seen: dict[str, float] = {}
+        self._synced = dict(((r, (a, b)) for r, a, b in store.call(
+            lambda cur: cur.execute("SELECT run_id, runs, alerts FROM lake_synced").fetchall())))
+        self._last_sync = 0.0
+        self._error: str | None = None
+        self._failing_since: float | None = None
+        self._last_commit: float | None = None
+        self._committed: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="forksight-lake-committer", daemon=True)
+
+    # -- lifecycle
+    def recover(self) -> dict[str, int]:
+        """On start: drop outbox rows the lake already holds (a crash after a commit); rows dropped per table."""
+        dropped, top = {}, 0
+        for spec in STEP_TABLES:
+            done = committed_seq(self.catalog.load_table(identifier(spec.name)), self.collector)
+            top = max(top, done)
+            if done:
+                dropped[spec.name] = self.outbox.drop(spec.name, done)
+        self.outbox.raise_floor(top)
+        if any(dropped.values()):
+            log.warning("lake: %s outbox rows were committed before a restart; not committed again", dropped)
+        return dropped
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop after one last drain of what is waiting (what the catalog refuses waits in the file)."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+    # -- the loop
+    def _loop(self) -> None:
+        delay, backoff = 0.0, 1.0
+        while not self._stop.wait(delay):
+            if self._cycle_safely():
+                delay, backoff = (0.0 if self._busy else POLL_S), 1.0
+            else:
+                delay, backoff = backoff * random.uniform(0.8, 1.2), min(backoff * 2, MAX_BACKOFF_S)
+        self._cycle_safely(force=True)
+
+    _busy = False
+
+    def _cycle_safely(self, force: bool = False) -> bool:
+        try:
+            self._busy = self.cycle(force)
+        except Exception as exc:  # noqa: BLE001 - a catalog that is down: the backlog waits, health says so
+            if self._error is None:
+                log.warning("lake: commit failed, the backlog waits in DuckDB: %s", exc)
+            self._error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            self._failing_since = self._failing_since or time.time()
+            return False
+        if self._error is not None:
+            log.warning("lake: committing again after %.0f s", time.time() - (self._failing_since or time.time()))
+        self._error, self._failing_since = None, None
+        return True
+
+    def cycle(self, force: bool = False) -> bool:
+        """One pass: drain each table that is due (force: every table); sync runs and alerts when due.
+        True when a commit was made (more may be waiting)."""
+        cur = self.store.read_cursor()
+        try:
+            busy = False
+            for spec in STEP_TABLES:
+                busy = self._drain(cur, spec.name, force) or busy
+            if force or time.monotonic() - self._last_sync >= self.commit_seconds:
+                self._sync_state(cur)
+                self._last_sync = time.monotonic()
+            return busy
+        finally:
+            cur.close()
+
+    def _drain(self, cur, name: str, force: bool) -> bool:
+        seqs = self.outbox.sequences(cur, name)
+        if not seqs:
+            self._first_seen.pop(name, None)
+            return False
+        first = self._first_seen.setdefault(name, time.monotonic())
+        if not force and sum(n for _, n in seqs) < self.commit_rows and \
+                time.monotonic() - first < self.commit_seconds:
+            return False
+        table = self.catalog.load_table(identifier(name))
+        done = committed_seq(table, self.collector)
+        if seqs[0][0] <= done:           # committed, but the delete did not happen (a crash, a lost answer)
+            self.outbox.drop(name, done)
+            seqs = [s for s in seqs if s[0] > done]
+            if not seqs:
+                return True
+        take, rows = [], 0
+        for seq, n in seqs:
+            take.append(seq)
+            rows += n
+            if rows >= self.commit_rows:
+                break
+        lo, hi = take[0], take[-1]
+        data = conform(self.outbox.rows(cur, name, lo, hi), self.collector, table)
+        self._append(table, name, data, lo, hi)
+        pause = float(os.environ.get(PAUSE_ENV) or 0)
+        if pause:
+            print(f"forksight lake: committed {name} {lo}-{hi}; pausing {pause} s before the outbox delete",
+                  file=sys.stderr, flush=True)
+            time.sleep(pause)
+        self.outbox.drop(name, hi)
+        self._committed[name] = self._committed.get(name, 0) + data.num_rows
+        self._last_commit = time.time()
+        self._first_seen[name] = time.monotonic()
+        return True
+
+    def _append(self, table, name: str, data, lo: int, hi: int) -> None:
+        props = {PROP_COLLECTOR: self.collector, PROP_LO: str(lo), PROP_HI: str(hi)}
+
+        def append(t) -> None:
+            with t.transaction() as tx:
+                tx.append(data, snapshot_properties=props)
+                tx.set_properties({watermark_key(self.collector): str(hi)})
+        self._with_retries(name, table, append, lambda t: committed_seq(t, self.collector) >= hi)
+
+    def _with_retries(self, name: str, table, commit, landed) -> None:
+        """commit(table), retried with backoff on a conflict with another writer; landed(table): the
+        commit is in the lake already (its answer was lost), so it is not made again."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        for attempt in range(CONFLICT_TRIES):
+            try:
+                commit(table)
+                return
+            except CommitFailedException:
+                if attempt == CONFLICT_TRIES - 1:
+                    raise
+                time.sleep(min(0.05 * 2 ** attempt, 2.0) * random.uniform(0.5, 1.5))
+                table = self.catalog.load_table(identifier(name))
+                if landed(table):
+                    return
+
+    # -- runs and alerts: overwritten per changed run (idempotent, so a crash just repeats it)
+    def _sync_state(self, cur) -> None:
+        from pyiceberg.expressions import And, EqualTo, In
+
+        runs = dict(cur.execute("SELECT run_id, hash(r)::VARCHAR FROM runs r").fetchall())
+        alerts = dict(cur.execute("SELECT run_id, sum(hash(a))::VARCHAR FROM alerts a GROUP BY run_id").fetchall())
+        changed: dict[str, list[str]] = {"runs": [], "alerts": []}
+        for run_id in runs.keys() | alerts.keys():
+            old = self._synced.get(run_id, (None, None))
+            if runs.get(run_id) != old[0]:
+                changed["runs"].append(run_id)
+            if alerts.get(run_id) != old[1]:
+                changed["alerts"].append(run_id)
+        for name, ids in changed.items():
+            if not ids:
+                continue
+            table = self.catalog.load_table(identifier(name))
+            rows = cur.sql(f"SELECT * FROM {name} WHERE run_id IN (SELECT unnest(?::VARCHAR[]))",
+                           params=[sorted(ids)]).to_arrow_table()
+            data = conform(rows, self.collector, table)
+            where = And(EqualTo(COLLECTOR, self.collector), In("run_id", sorted(ids)))
+            self._with_retries(name, table, lambda t: t.overwrite(
+                data, overwrite_filter=where, snapshot_properties={PROP_COLLECTOR: self.collector}),
+                lambda t: False)
+        ids = set(changed["runs"]) | set(changed["alerts"])
+        if ids:
+            synced = [(i, runs.get(i), alerts.get(i)) for i in sorted(ids)]
+
+            def keep(c) -> None:
+                c.executemany("INSERT OR REPLACE INTO lake_synced VALUES (?, ?, ?)", synced)
+            self.store.submit(keep).result()
+            self._synced.update({i: (r, a) for i, r, a in synced})
+
+    # -- health
+    def health(self) -> dict:
+        """The lake's state for /api/health: ok or degraded (the catalog refuses commits), the backlog."""
+        try:
+            cur = self.store.read_cursor()
+            try:
+                rows = backlog(cur)
+            finally:
+                cur.close()
+        except Exception:  # noqa: BLE001 - a store that cannot be read: its own health says why
+            rows = {}
+        return {"state": "degraded" if self._error else "ok", "collector_id": self.collector,
+                "catalog": self.uri, "warehouse": self.warehouse, "backlog_rows": rows,
+                "backlog_total": sum(rows.values()), "error": self._error, "failing_since": self._failing_since,
+                "last_commit_at": self._last_commit, "committed_rows": dict(self._committed),
+                "commit_rows": self.commit_rows, "commit_seconds": self.commit_seconds}

@@ -1,0 +1,33 @@
+"""Starting and stopping the lake beside a store: the outbox hook, start-time recovery, the committer."""
+from __future__ import annotations
+
+from forksight.monitor.lake.committer import Committer
+from forksight.monitor.lake.errors import LakeError
+from forksight.monitor.lake.outbox import Outbox
+
+DEFAULT_COMMIT_ROWS = 500_000     # rows per commit: files of tens of MB, few snapshots
+DEFAULT_COMMIT_SECONDS = 30.0     # ... or whatever waited this long
+
+
+def start_lake(store, catalog, *, uri: str, warehouse: str, collector_id: str | None = None,
+               commit_rows: int = DEFAULT_COMMIT_ROWS, commit_seconds: float = DEFAULT_COMMIT_SECONDS) -> Committer:
+    """Attach the outbox to `store` (every later write fills it in its own transaction), drop what the
+    lake already holds, start the committer and report it in the store's health. Stop it before
+    closing the store: committer.stop()."""
+    if commit_rows < 1 or not commit_seconds > 0:
+        raise LakeError(f"--lake-commit-rows must be >= 1 and --lake-commit-seconds > 0 "
+                        f"(got {commit_rows} and {commit_seconds})")
+    outbox = Outbox(store, collector_id)
+    committer = Committer(store, outbox, catalog, uri=uri, warehouse=warehouse,
+                          commit_rows=commit_rows, commit_seconds=commit_seconds)
+    try:
+        committer.recover()
+    except LakeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the catalog answered at open and fails now: said the same way
+        raise LakeError(f"cannot read the lake's committed ranges ({type(exc).__name__}: {exc}); "
+                        "check the catalog is reachable") from None
+    store.lake_outbox = outbox
+    store.lake_health = committer.health
+    committer.start()
+    return committer
