@@ -92,6 +92,8 @@ def cost_traces(rows: pd.DataFrame, base: float, key: str, x_axis: str, xaxis: s
     note = {"text": f"<b>cost of collapse</b>: {y[deepest] - base:+.2f} vs base at step {step}",
             "xref": xaxis, "yref": yaxis, "x": x_values(rows.iloc[[deepest]], x_axis)[0],
             "y": float(y[deepest]), "ax": 0, "ay": 28, "showarrow": True, "arrowhead": 2,
+            # the text toward the panel's middle: past the last step it stretched the x axis
+            "xanchor": "right" if deepest > len(rows) / 2 else "left",
             "arrowcolor": COST_COLOR, "font": {"size": 11, "color": COST_COLOR},
             "bgcolor": "rgba(255,255,255,0.85)", "name": "cost"}
     return [edge, area], note
@@ -173,7 +175,8 @@ def heldout_figure(scalars, *, alerts: pd.DataFrame | None = None, smoothing: fl
                                    high != low))
     layers = alert_layers(alerts, panels, x_axis)
     data += layers["data"]
-    titles = (f"pass@1: train vs held-out ({low.removeprefix('eval/')})",
+    titles = (f"train {train_keys[0] if train_keys else 'reward'} vs held-out "
+              f"{low.removeprefix('eval/')}",
               f"held-out {high.removeprefix('eval/')} vs the base model")
     for text, xa, ya in zip(titles, (xa1, xa2), (ya1, ya2)):
         notes.append({"text": text, "xref": "paper", "yref": "paper", "x": sum(xa["domain"]) / 2,
@@ -182,7 +185,9 @@ def heldout_figure(scalars, *, alerts: pd.DataFrame | None = None, smoothing: fl
     layout = base_layout("Held-out pass@k: below the base line = the cost of collapse",
                          height=400, x_axis=x_axis, uirevision=uirevision,
                          shapes=shapes + layers["shapes"], annotations=notes + layers["annotations"],
-                         margin={"t": 90})
+                         margin={"t": 100},
+                         # above the panel titles, not on them
+                         legend={"y": 1.1, "yanchor": "bottom"})
     layout["title"].update(y=0.985, yanchor="top")
     for xref, yref, xa, ya in ((x1, y1, xa1, ya1), (x2, y2, xa2, ya2)):
         layout["xaxis" + xref[1:]] = {**layout.get("xaxis" + xref[1:], {}), **xa,

@@ -143,3 +143,11 @@ def test_grouped_compare_reads_every_run_once_bounded_and_the_runs_view_is_uncha
     assert [t["meta"] for t in runs_view["data"]] == [t["meta"] for t in before["data"]]
     for sink in sinks:
         sink.finish()
+
+
+def test_the_t_quantile_without_scipy_matches_scipys():
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 5, 29, 30, 31, 35, 60, 500):
+        assert G.t975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=2e-6)
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        G.t975(0)
