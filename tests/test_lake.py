@@ -1,0 +1,154 @@
+"""The lake writer on the SQLite catalog (one box): a real `forksight serve` commits every table to
+Iceberg with the DuckDB tables' exact rows; a crash between the Iceberg commit and the outbox delete
+commits nothing twice; a bad URI is refused at start; schema evolution and an incompatible column."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("pyiceberg", reason="the lake needs the `lake` extra: pip install -e '.[lake]'")
+
+from collector_util import REPO, ServeProcess, free_port  # noqa: E402
+from lake_util import (  # noqa: E402
+    STEP_TABLES, batch, create_run, duck_rows, lake_rows, post, rows_of, wait_drained,
+)
+
+from forksight.base.records import Records, alerts_table, scalars_table  # noqa: E402
+from forksight.base.tables import SCALARS, TOKENS, Table  # noqa: E402
+from forksight.monitor.lake.catalog import open_catalog  # noqa: E402
+from forksight.monitor.lake.committer import PROP_COLLECTOR, PROP_HI, PROP_LO, Committer  # noqa: E402
+from forksight.monitor.lake.errors import LakeError  # noqa: E402
+from forksight.monitor.lake.schema import iceberg_schema, partition_spec  # noqa: E402
+from forksight.monitor.lake.service import start_lake  # noqa: E402
+from forksight.monitor.collector.store import Store, insert_arrow  # noqa: E402
+
+
+def _lake_args(tmp_path, *extra: str) -> tuple[str, ...]:
+    return ("--lake-catalog", f"sqlite:///{tmp_path}/catalog.db", "--lake-warehouse", str(tmp_path / "wh"), *extra)
+
+
+def test_serve_commits_every_row_once_with_the_duckdb_values(tmp_path):
+    db = tmp_path / "a.duckdb"
+    sent = {t: 0 for t in STEP_TABLES}
+    with ServeProcess(db, args=_lake_args(tmp_path, "--lake-commit-rows", "150", "--lake-commit-seconds", "0.5",
+                                          "--collector-id", "box-1")) as srv:
+        runs = [create_run(srv.url, "alpha"), create_run(srv.url, "beta")]
+        for step in range(8):
+            body = batch(step if step < 6 else step + 1500, tokens=30)    # two step blocks of 1000
+            run = runs[step % 2]
+            post(srv.url, run, body)
+            for t, n in rows_of(body).items():
+                sent[t] += n
+        assert post(srv.url, runs[0], batch(0, tokens=30))["duplicate"]   # a resent batch: stored once
+        health = wait_drained(srv.url)
+        assert health["collector_id"] == "box-1" and health["state"] == "ok"
+    catalog = open_catalog(f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh"), check=False)
+    for name in STEP_TABLES:
+        lake, duck = lake_rows(catalog, name, "box-1"), duck_rows(str(db), name)
+        assert len(lake) == sent[name], name          # counted from what was sent
+        assert lake == duck, name                     # and every value equal to DuckDB's
+    assert lake_rows(catalog, "runs", "box-1") == duck_rows(str(db), "runs")   # synced at the stop
+    # each commit names its collector and a sequence range; the ranges never overlap
+    for name in STEP_TABLES:
+        table = catalog.load_table(f"forksight.{name}")
+        ranges = sorted((int(p[PROP_LO]), int(p[PROP_HI])) for s in table.metadata.snapshots
+                        if (p := s.summary.additional_properties).get(PROP_COLLECTOR) == "box-1")
+        assert ranges and all(hi < lo2 for (_, hi), (lo2, _) in zip(ranges, ranges[1:])), ranges
+    # partitioned: one run's first step block reads only that run's files of that block
+    from pyiceberg.expressions import And, EqualTo, LessThan
+
+    files = [t.file.file_path for t in catalog.load_table("forksight.tokens").scan(
+        row_filter=And(EqualTo("run_id", runs[1]), LessThan("step", 1000))).plan_files()]
+    assert files and all(f"run_id={runs[1]}/step_1000=0/" in f for f in files), files
+
+
+def test_a_crash_between_commit_and_delete_commits_nothing_twice(tmp_path):
+    catalog = open_catalog(f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh"))
+    store = Store(str(tmp_path / "a.duckdb"))
+    try:
+        run = store.create_run("r")
+        lake = start_lake(store, catalog, uri="sqlite://", warehouse="wh", collector_id="c", commit_seconds=3600)
+        lake.stop()                      # driven by hand below, one cycle at a time
+        rows = [{"step": s, "key": "k", "value": s / 3} for s in range(25)]
+        store.write(run, Records(scalars=scalars_table(rows)), "b1").result()
+        real_drop, calls = lake.outbox.drop, []
+
+        def crash(table, hi):            # the process dies after the Iceberg commit, before the delete
+            calls.append(table)
+            raise KeyboardInterrupt("killed")
+        lake.outbox.drop = crash
+        with pytest.raises(KeyboardInterrupt):
+            lake.cycle(force=True)
+        assert calls == ["scalars"] and store.call(
+            lambda cur: cur.execute("SELECT count(*) FROM lake_outbox_scalars").fetchall()[0][0]) == 25
+        lake.outbox.drop = real_drop
+        again = Committer(store, lake.outbox, catalog, uri="sqlite://", warehouse="wh",
+                          commit_rows=10, commit_seconds=3600)
+        assert again.recover() == {"scalars": 25}
+        again.cycle(force=True)
+        assert len(lake_rows(catalog, "scalars", "c")) == 25
+        # alerts and a run's new status reach the lake by overwrite (a repeat changes nothing)
+        alert = alerts_table([{"run_id": run, "step": 3, "wall_time": 1.0, "detector": "d", "severity": "warning",
+                               "message": "m", "action": "x"}])
+        store.call(lambda cur: insert_arrow(cur, "alerts", alert))
+        store.update_run(run, status="finished")
+        for _ in range(2):
+            again.cycle(force=True)
+            assert [a["detector"] for a in lake_rows(catalog, "alerts", "c")] == ["d"]
+            assert [r["status"] for r in lake_rows(catalog, "runs", "c")] == ["finished"]
+    finally:
+        store.close()
+
+
+def _serve_fails(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "forksight", "serve", "--db", str(tmp_path / "x.duckdb"),
+                           "--port", str(free_port()), "--no-dashboard", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_a_bad_lake_uri_is_refused_at_start_saying_what_and_how(tmp_path):
+    cases = {("--lake-catalog", "nope://x", "--lake-warehouse", str(tmp_path / "wh")): "not a catalog URI",
+             ("--lake-catalog", f"postgresql+psycopg2://u:secret@127.0.0.1:{free_port()}/db",
+              "--lake-warehouse", str(tmp_path / "wh")): "cannot use the lake catalog",
+             ("--lake-catalog", f"sqlite:///{tmp_path}/c.db"): "needs --lake-warehouse"}
+    for args, said in cases.items():
+        done = _serve_fails(tmp_path, *args)
+        assert done.returncode == 2 and said in done.stderr, (args, done.stderr)
+        assert "secret" not in done.stderr                     # the password is not echoed
+        assert not (tmp_path / "x.duckdb").exists()            # refused before the file
+
+
+def test_a_missing_column_is_added_and_an_incompatible_one_is_named(tmp_path):
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.types import StringType
+
+    uri, wh = f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh")
+    raw = SqlCatalog("forksight", uri=uri, warehouse=f"file://{wh}")
+    raw.create_namespace("forksight")
+    old = Table("tokens", tuple(c for c in TOKENS.columns if c.name != "sampler_logp"))   # an older forksight
+    schema = iceberg_schema(old)
+    raw.create_table("forksight.tokens", schema=schema, partition_spec=partition_spec(TOKENS, schema))
+    open_catalog(uri, wh)
+    fields = {f.name: str(f.field_type) for f in raw.load_table("forksight.tokens").schema().fields}
+    assert fields["sampler_logp"] == "float" and list(fields)[-1] == "sampler_logp"
+
+    other = tmp_path / "other"
+    raw = SqlCatalog("forksight", uri=f"sqlite:///{other}.db", warehouse=f"file://{other}")
+    raw.create_namespace("forksight")
+    bad = iceberg_schema(SCALARS)
+    raw.create_table("forksight.scalars", schema=pa.schema(
+        [pa.field(f.name, pa.string() if f.name == "value" else f.type) for f in bad.as_arrow()]))
+    with pytest.raises(LakeError, match=r"forksight\.scalars: column 'value' is string") as err:
+        open_catalog(f"sqlite:///{other}.db", str(other))
+    assert "forksight writes double" in str(err.value)
+
+
+def test_health_without_a_lake_has_no_lake_part(tmp_path):
+    import httpx
+
+    with ServeProcess(tmp_path / "a.duckdb") as srv:
+        assert "lake" not in httpx.get(srv.url + "/api/health").json()
+        assert httpx.get(srv.url + "/api/health/lake").status_code == 404
