@@ -195,6 +195,10 @@ def test_runs_table_and_compare_answer_any_selection(dash, data):
             st.sampled_from([*dash.keys, "gap", "no/such/key"]), max_size=5))),
         "cmp-logy.value": data.draw(st.one_of(st.none(), st.sampled_from([[], ["log"]]))),
         "cmp-xaxis.value": data.draw(st.sampled_from([None, "step", "wall"])),
+        "cmp-view.value": data.draw(st.sampled_from([None, "runs", "grouped", "x"])),
+        "cmp-group.value": data.draw(st.one_of(st.none(), st.sampled_from(["strategy", "seed", "lr"]),
+                                               URL_TEXT)),
+        "cmp-band.value": data.draw(st.sampled_from([None, "minmax", "ci95", "sd"])),
         "cmp-tick.n_intervals": data.draw(maybe_int(0))}), "compare figure")
 
 
