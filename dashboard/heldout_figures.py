@@ -177,7 +177,9 @@ def heldout_figure(scalars, *, alerts: pd.DataFrame | None = None, smoothing: fl
     data += layers["data"]
     titles = (f"train {train_keys[0] if train_keys else 'reward'} vs held-out "
               f"{low.removeprefix('eval/')}",
-              f"held-out {high.removeprefix('eval/')} vs the base model")
+              f"held-out {high.removeprefix('eval/')} vs "
+              + ("the base model" if (base_point(series(scalars, high)) or (0,))[0] == 0
+                 else "its first evaluation"))
     for text, xa, ya in zip(titles, (xa1, xa2), (ya1, ya2)):
         notes.append({"text": text, "xref": "paper", "yref": "paper", "x": sum(xa["domain"]) / 2,
                       "y": ya["domain"][1], "xanchor": "center", "yanchor": "bottom",

@@ -50,6 +50,9 @@ def test_the_base_line_is_the_first_evaluations_value_labelled_with_its_step():
     late = H.heldout_figure(run_frame([10, 20, 30], EVAL1[1:], EVAL8[1:]))
     [note] = [a["text"] for a in late["layout"]["annotations"] if a.get("name") == "base:eval/pass@8"]
     assert note == f"first eval (step 10): {EVAL8[1]:.2f}"
+    titles = [a["text"] for a in late["layout"]["annotations"] if a.get("yref") == "paper"]
+    assert "held-out pass@8 vs its first evaluation" in titles
+    assert "held-out pass@8 vs the base model" in [a["text"] for a in fig["layout"]["annotations"]]
     # a NaN first evaluation is not a base
     assert H.base_point(frame({"k": ([0, 5], [float("nan"), 0.4])})) == (5, 0.4)
 
@@ -137,3 +140,29 @@ def test_the_run_page_draws_held_out_only_for_a_run_that_logs_it_and_redraws_on_
     assert tick_run(reader, ticked["state"], Controls(smoothing=0.0))["redraw"]
     plain.finish()
     sink.finish()
+
+
+@pytest.mark.slow
+def test_a_real_bundled_trainer_run_gets_the_held_out_chart(tmp_path):
+    """The keys the trainer really logs (eval/pass@k every eval_every steps, the first after the
+    first update) are the ones the chart draws, its line at the first evaluation's stored value."""
+    from forksight.dashboard.run_view import Controls, draw_run
+    from forksight.monitor.collector.store import Store
+    from forksight.trainer.config import load_config
+    from forksight.trainer.loop import train
+
+    result = train(load_config(preset="tiny-test", overrides=dict(
+        strategy="all", db=str(tmp_path / "t.duckdb"), out_dir=str(tmp_path / "runs"), steps=3,
+        eval_every=2, run="real-heldout")))
+    with Store(str(tmp_path / "t.duckdb")) as store:
+        keys = H.eval_pass_keys(store.reader.scalar_keys(result.run_id))
+        assert keys == sorted(result.eval, key=lambda k: int(k.split("@")[1]))
+        out = draw_run(store.reader, result.run_id, Controls())
+        assert out["heldout"]
+        top = store.reader.read_scalars(result.run_id, [keys[-1]]).sort_values("step")
+        assert top.step.tolist() == [2, 3]             # every 2 steps, and after the last one
+        [line] = [s for s in out["figures"]["heldout"]["layout"]["shapes"]
+                  if s.get("name") == f"base:{keys[-1]}"]
+        assert line["y0"] == pytest.approx(float(top.value.iloc[0]))
+        notes = [a["text"] for a in out["figures"]["heldout"]["layout"]["annotations"]]
+        assert f"first eval (step 2): {top.value.iloc[0]:.2f}" in notes
