@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from forksight.compose import alerts_cli, compact_cli, doctor, serve_cli
+from forksight.compose import alerts_cli, compact_cli, doctor, lake_cli, serve_cli
 from forksight.trainer import cli as train_cli
 from forksight.compose import demo
 
@@ -15,6 +15,7 @@ from forksight.compose import demo
 SUBCOMMANDS = (
     serve_cli.add_parser,     # serve, export
     compact_cli.add_parser,   # compact
+    lake_cli.add_parser,      # lake compact, lake expire
     train_cli.add_parser,     # train
     alerts_cli.add_parser,    # alerts replay
     doctor.add_parser,        # doctor, import
