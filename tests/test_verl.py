@@ -224,13 +224,17 @@ def test_v1_step_read_from_a_real_transfer_queue_reports_like_the_legacy_path(tm
                           env={**os.environ, "FORKSIGHT_HOME": str(tmp_path / "home")})
     assert proc.returncode == 0, proc.stderr[-4000:]
     saved = torch.load(tmp_path / "tq.pt", weights_only=False)
-    fields, read = saved["fields"][:6], saved["read"]              # the 7th row is padding: left out
+    fields, kept, read = saved["fields"][:6], saved["kept"][:6], saved["read"]  # the 7th row is padding: left out
     tensors, tokens = read["tensors"], read["tokens"]
     assert list(read["non_tensor"]["uid"]) == [f["uid"] for f in fields]
     assert list(read["non_tensor"]["acc"]) == [f["extra_fields"]["reward_extra_info"]["acc"] for f in fields]
     for i, f in enumerate(fields):
         p, r = len(f["prompts"]), len(f["responses"])
-        assert torch.equal(tensors["responses"][i, :r], f["responses"]) and tensors["response_mask"][i].sum() == r
+        assert torch.equal(tensors["responses"][i, :r], f["responses"])
+        # the mask verl's rejection sampling left, and the one from before it (masks_of, all of the response)
+        assert torch.equal(tensors["response_mask"][i, :r], kept[i]) and tensors["response_mask"][i].sum() < r
+        assert tokens["response_mask"][i, :r].all() and tokens["response_mask"][i].sum() == r
+        assert torch.equal(tensors["rollout_log_probs"][i, :r], f["rollout_log_probs"])
         assert torch.equal(tensors["prompts"][i, :p], f["prompts"]) and tensors["attention_mask"][i, :p].all()
         assert torch.equal(tokens["entropy"][i, :r], f["entropy"]) and torch.equal(tokens["logp"][i, :r],
                                                                                    f["old_log_probs"])
@@ -239,10 +243,13 @@ def test_v1_step_read_from_a_real_transfer_queue_reports_like_the_legacy_path(tm
             assert torch.equal(tokens[name][i, :r], f[key][p - 1: p - 1 + r]), name
     db = tmp_path / "forksight.duckdb"
     assert query(db, "SELECT run_id, status FROM runs") == [("v1-tq", "finished")]
-    rows = query(db, "SELECT sample_id, pos, entropy, renyi2, logp, top1, js FROM tokens ORDER BY sample_id, pos")
-    assert len(rows) == sum(len(f["responses"]) for f in fields)    # token_groups=2: both groups
-    for sample_id, pos, entropy, renyi2, logp, top1, js in rows:
+    rows = query(db, "SELECT sample_id, pos, entropy, renyi2, logp, top1, js, sampler_logp FROM tokens "
+                     "ORDER BY sample_id, pos")
+    # token_groups=2: both groups, every response token (the rejected ones too, as verl's entropy counts them)
+    assert len(rows) == sum(len(f["responses"]) for f in fields)
+    for sample_id, pos, entropy, renyi2, logp, top1, js, sampler_logp in rows:
         f, p = fields[sample_id], len(fields[sample_id]["prompts"])
+        assert sampler_logp == pytest.approx(float(f["rollout_log_probs"][pos]), abs=1e-6)
         assert entropy == pytest.approx(float(f["entropy"][pos]), abs=1e-6)
         assert renyi2 == pytest.approx(-math.log(float(f["sum_pi_squared"][p - 1 + pos])), abs=1e-5)
         assert logp == pytest.approx(float(f["old_log_probs"][pos]), abs=1e-6)
@@ -256,6 +263,17 @@ def test_v1_step_read_from_a_real_transfer_queue_reports_like_the_legacy_path(tm
         assert scalars[f"pass@{k}"] == pytest.approx(pass_at_k_by_hand(groups, k), abs=1e-9)
     every = torch.cat([f["entropy"] for f in fields]).double()
     assert scalars["entropy/mean"] == pytest.approx(float(every.mean()), abs=1e-6)
+    # mismatch by hand in float64: k1 = mean(log p_sampler - log p_train); verl's config truncates
+    # IS weights above 1.2 (token TIS) and its rejection sampling zeroed tokens: corrected = either
+    train = torch.cat([f["old_log_probs"] for f in fields]).double()
+    sampler = torch.cat([f["rollout_log_probs"] for f in fields]).double()
+    truncated = (train - sampler).exp() > 1.2
+    rejected_tokens = torch.cat(kept) == 0
+    assert 0 < int(truncated.sum()) and 0 < int((truncated & ~rejected_tokens).sum())
+    assert scalars["mismatch/tokens"] == len(train)
+    assert scalars["mismatch/kl_k1"] == pytest.approx(float((sampler - train).mean()), abs=1e-6)
+    assert scalars["mismatch/frac_corrected"] == pytest.approx(float((truncated | rejected_tokens).double().mean()),
+                                                               abs=1e-9)
 
 
 def test_worker_top1_and_js_in_blocks_equal_token_stats_on_whole_groups(monkeypatch):

@@ -5,6 +5,11 @@ through its `verl.plugins` entry point, named only in `trainer.logger`, streamin
 `forksight serve`. Test-only stand-ins, registered through verl's plugin points: the CPU
 platform and an HF-`generate` rollout replica (tests/verl_hf_rollout.py). Each run takes about
 3-4 minutes on 2 cores (most of it Ray, TransferQueue and worker start-up).
+
+Training–inference mismatch: with `rollout.calculate_log_probs=True` the replica answers the log p
+of each token it sampled from bf16-rounded logits while verl's FSDP forward stays float32, so the
+stored `sampler_logp` differs from `logp` by real numerics; the legacy run rejects tokens with verl's
+rollout_rs, the v1 mismatch run truncates IS weights with verl's token TIS.
 """
 from __future__ import annotations
 
@@ -52,18 +57,37 @@ def main_run(tmp_path_factory, name: str, *args: str):
         summary = run_main(out, collector.url, "--run", name, *args)
         api = read_api(collector.url, name)
     verdicts = [json.loads(line) for line in (out / "verdicts.jsonl").read_text().splitlines()]
-    return {"db": db, "summary": summary, "api": api, "verdicts": verdicts}
+    return {"db": db, "summary": summary, "api": api, "verdicts": verdicts, "out": out}
+
+
+# the rollout's logits rounded to bf16, verl asked for the engine's log p of each sampled token
+SAMPLER = ("--sampler-logits", "bfloat16", "--set", "actor_rollout_ref.rollout.calculate_log_probs=True")
+# ratio bounds around the bf16 rounding's |log r| at the initial weights (median ~1e-4 on the tiny model)
+TIGHT = "1.0002"
 
 
 @pytest.fixture(scope="module")
 def v1_run(tmp_path_factory):
-    # verl's defaults route to the v1 trainer; prompt 5 (step 2: data.shuffle=False) scores NaN
-    return main_run(tmp_path_factory, "verl-v1", "--steps", "5", "--nan-prompt", "5", "--stop-on-alert")
+    # verl's defaults route to the v1 trainer; prompt 5 (step 2: data.shuffle=False) scores NaN;
+    # the rollout's log-probs off (verl 0.9.1's rollout.yaml turns them on)
+    return main_run(tmp_path_factory, "verl-v1", "--steps", "5", "--nan-prompt", "5", "--stop-on-alert",
+                    "--set", "actor_rollout_ref.rollout.calculate_log_probs=False")
 
 
 @pytest.fixture(scope="module")
 def legacy_run(tmp_path_factory):
-    return main_run(tmp_path_factory, "verl-legacy", "--steps", "2", "--legacy")
+    # verl's rejection sampling on: token_k1 keeps a token while its ratio stays in [1/1.0002, 1.0002]
+    return main_run(tmp_path_factory, "verl-legacy", "--steps", "2", "--legacy", *SAMPLER,
+                    "--set", "algorithm.rollout_correction.rollout_rs=token_k1",
+                    "--set", f'algorithm.rollout_correction.rollout_rs_threshold="{1 / float(TIGHT):.7f}_{TIGHT}"')
+
+
+@pytest.fixture(scope="module")
+def v1_mismatch_run(tmp_path_factory):
+    # verl's token-level TIS on: IS weights above 1.0002 are truncated
+    return main_run(tmp_path_factory, "verl-v1-mismatch", "--steps", "2", *SAMPLER,
+                    "--set", "algorithm.rollout_correction.rollout_is=token",
+                    "--set", f"algorithm.rollout_correction.rollout_is_threshold={TIGHT}")
 
 
 def check_entropy_as_verl_aggregates_it(db: Path, steps: list[int]) -> None:
@@ -139,3 +163,72 @@ def test_legacy_trainer_under_main_ppo_keeps_working(legacy_run):
     total, with_renyi2, with_top1 = query(db, "SELECT count(*), count(renyi2), count(top1) FROM tokens")[0]
     assert total > 0 and with_renyi2 == total and with_top1 == total
     assert not math.isnan(query(db, "SELECT value FROM scalars WHERE key = 'pass@1' AND step = 2")[0][0])
+
+
+def check_sampler_logp(run: dict, steps: list[int], verl_fraction: str) -> None:
+    """Stored sampler log p = what the rollout answered, token by token; forksight's mismatch scalars
+    = verl's own rollout_corr/* numbers on the same step; frac_corrected = verl's own fraction."""
+    from transformers import AutoTokenizer
+
+    db, out = run["db"], run["out"]
+    total, known, differs = query(db, "SELECT count(*), count(sampler_logp), "
+                                      "count(*) FILTER (WHERE sampler_logp <> logp) FROM tokens")[0]
+    assert total > 0 and known == total and differs > 0         # bf16 logits: a real mismatch
+    # each stored completion against the rollout's own answer for that prompt (rollouts.jsonl)
+    tokenizer = AutoTokenizer.from_pretrained(out / "model")
+    answers: dict = defaultdict(list)
+    for line in (out / "rollouts.jsonl").read_text().splitlines():
+        answer = json.loads(line)
+        prompt = tokenizer.decode(answer["prompt"], skip_special_tokens=True)
+        answers[(prompt, tuple(answer["response"]))].append(answer["logprobs"])
+    rows = query(db, "SELECT t.step, t.sample_id, s.prompt, list(t.token_id ORDER BY t.pos), "
+                     "list(t.sampler_logp ORDER BY t.pos) FROM tokens t JOIN samples s USING (run_id, step, sample_id) "
+                     "GROUP BY t.step, t.sample_id, s.prompt")
+    assert len(rows) == len(steps) * BATCH * N
+    for step, sample_id, prompt, token_ids, stored in rows:
+        candidates = answers[(prompt, tuple(token_ids))]
+        assert candidates, (step, sample_id, prompt, token_ids)
+        assert any(stored == pytest.approx(logprobs, abs=1e-6) for logprobs in candidates), (step, sample_id)
+    fractions = []
+    for step in steps:
+        scalars = dict(query(db, "SELECT key, value FROM scalars WHERE step = ?", step))
+        assert scalars["mismatch/tokens"] == query(db, "SELECT count(*) FROM tokens WHERE step = ?", step)[0][0]
+        # verl's k1: mean(log p_rollout - log p_old) over the response tokens (float32 on its side)
+        assert scalars["mismatch/kl_k1"] == pytest.approx(scalars["rollout_corr/kl"], rel=1e-4, abs=1e-9)
+        # the rollout's log p alone: verl's mean over sequences of -mean_t log p_rollout
+        (ppl,) = query(db, "SELECT avg(-m) FROM (SELECT avg(sampler_logp::DOUBLE) AS m FROM tokens "
+                           "WHERE step = ? GROUP BY sample_id)", step)[0]
+        assert ppl == pytest.approx(scalars["rollout_corr/rollout_log_ppl"], rel=1e-5)
+        # verl's mean |p_old - p_rollout| (its float32 exp: 1e-3 relative at this tiny a gap)
+        (diff,) = query(db, "SELECT avg(abs(exp(logp::DOUBLE) - exp(sampler_logp::DOUBLE))) FROM tokens "
+                            "WHERE step = ?", step)[0]
+        assert diff == pytest.approx(scalars["training/rollout_probs_diff_mean"], rel=1e-2)
+        fractions.append(scalars["mismatch/frac_corrected"])
+        assert fractions[-1] == pytest.approx(scalars[verl_fraction], abs=1e-6), step
+    # step 1 (the initial weights): a share of the tokens; after an update the logits drift off
+    # zero together and their bf16 rounding grows, so a later step can have verl change them all
+    assert 0 < fractions[0] < 1, fractions
+    histogram = query(db, "SELECT sum(count) FROM histograms WHERE key = 'mismatch_log_ratio' AND step = ?", steps[0])
+    assert histogram[0][0] == query(db, "SELECT count(*) FROM tokens WHERE step = ?", steps[0])[0][0]
+
+
+@needs_verl
+def test_v1_stores_the_rollout_log_probs_and_verls_truncated_tokens(v1_mismatch_run):
+    assert query(v1_mismatch_run["db"], "SELECT run_id, status FROM runs") == [("verl-v1-mismatch", "finished")]
+    check_sampler_logp(v1_mismatch_run, [1, 2], "rollout_corr/rollout_is_ratio_fraction_high")
+    check_entropy_as_verl_aggregates_it(v1_mismatch_run["db"], [1, 2])
+
+
+@needs_verl
+def test_legacy_stores_the_rollout_log_probs_and_verls_rejected_tokens(legacy_run):
+    # the rejected tokens stay in the token rows (legacy_run's entropy check counts them, as verl does)
+    check_sampler_logp(legacy_run, [1, 2], "rollout_corr/rollout_rs_masked_fraction")
+
+
+@needs_verl
+def test_without_calculate_log_probs_nothing_of_the_sampler_is_stored(v1_run):
+    db = v1_run["db"]
+    assert query(db, "SELECT count(*) > 0, count(sampler_logp) FROM tokens")[0] == (True, 0)
+    assert query(db, "SELECT count(*) FROM scalars WHERE key LIKE 'mismatch/%' OR key LIKE 'rollout_corr/%'") == [(0,)]
+    assert query(db, "SELECT count(*) FROM histograms WHERE key = 'mismatch_log_ratio'") == [(0,)]
+    assert not (v1_run["out"] / "rollouts.jsonl").exists()

@@ -10,8 +10,10 @@ the CPU platform and an HF-`generate` rollout replica standing in for vLLM; the 
 verl's `custom_reward_function` (tests/verl_reward.py).
 
 Usage: python tests/verl_main.py OUT_DIR --url URL [--legacy] [--steps N] [--nan-prompt I] [--stop-on-alert]
-Writes OUT_DIR/model, train.parquet, verdicts.jsonl (the reward's verdicts by prompt index) and
-summary.json ({"returncode", "wall_s"}); main_ppo's output goes to OUT_DIR/main_ppo.log.
+       [--sampler-logits bfloat16] [--set KEY=VALUE ...]
+Writes OUT_DIR/model, train.parquet, verdicts.jsonl (the reward's verdicts by prompt index),
+rollouts.jsonl (what the rollout answered, when asked for log-probs) and summary.json
+({"returncode", "wall_s"}); main_ppo's output goes to OUT_DIR/main_ppo.log.
 """
 from __future__ import annotations
 
@@ -80,7 +82,7 @@ def overrides(model: Path, data: Path, args) -> list[str]:
                  f"+trainer.forksight.stop_on_alert={args.stop_on_alert}", "+trainer.forksight.token_groups=4"]
     if args.legacy:
         run.append("trainer.use_v1=False")
-    return cpu + run + forksight
+    return cpu + run + forksight + list(args.set)
 
 
 def main(args) -> dict:
@@ -98,7 +100,8 @@ def main(args) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "VERL_USE_EXTERNAL_MODULES": "verl_hf_rollout", "VERL_PLATFORM": "cpu",
            "RAY_TMPDIR": ray_tmp, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
-           "RAY_DEDUP_LOGS": "0", "HYDRA_FULL_ERROR": "1", "FORKSIGHT_TEST_VERDICTS": str(out / "verdicts.jsonl")}
+           "RAY_DEDUP_LOGS": "0", "HYDRA_FULL_ERROR": "1", "FORKSIGHT_TEST_VERDICTS": str(out / "verdicts.jsonl"),
+           "FORKSIGHT_TEST_ROLLOUTS": str(out / "rollouts.jsonl"), "FORKSIGHT_TEST_SAMPLER_LOGITS": args.sampler_logits}
     t0 = time.perf_counter()
     try:
         with open(out / "main_ppo.log", "w") as log:
@@ -120,5 +123,8 @@ if __name__ == "__main__":
     parser.add_argument("--legacy", action="store_true", help="trainer.use_v1=False")
     parser.add_argument("--nan-prompt", type=int, help="this prompt's reward is NaN (data.shuffle=False)")
     parser.add_argument("--stop-on-alert", action="store_true")
+    parser.add_argument("--sampler-logits", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="the rollout rounds its logits to this dtype (tests/verl_hf_rollout.py)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="one more hydra override")
     parser.add_argument("--timeout", type=int, default=400)
     print(json.dumps(main(parser.parse_args())))

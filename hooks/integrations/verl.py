@@ -7,7 +7,10 @@ verl's v1 trainer (the default) the step's rows are read from TransferQueue befo
 (hooks/integrations/verl_install.py) hand over each step's per-token tensors:
 entropy and log p as `_compute_old_log_prob` returned them, Σp² when `actor.calculate_sum_pi_squared=True`
 (H2 = -log Σp²), and the finished batch (responses, response_mask, token_level_scores,
-advantages, `uid`). StepReporter turns them into the same records a TRL run produces, so pass@k,
+advantages, `uid`, and `rollout_log_probs` when `actor_rollout_ref.rollout.calculate_log_probs=True`:
+the inference engine's log p of each sampled token, stored as `sampler_logp` beside the trainer's,
+with the tokens verl's own rollout correction truncated or rejected (hooks/integrations/verl_correction.py)).
+StepReporter turns them into the same records a TRL run produces, so pass@k,
 the tokens page and every alert work. Top-1 and JS need full distributions, which only the
 workers see: hooks/integrations/verl_worker.py computes them there on the old-log-prob pass (NaN = "not
 computed", stored as null, where a group was split or the logits were never built).
@@ -27,6 +30,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from forksight.hooks.integrations.verl_correction import correction_settings, corrected_tokens
 from forksight.hooks.integrations.verl_state import STATE, check_version, verl_version
 
 log = logging.getLogger("forksight.verl")
@@ -117,6 +121,8 @@ class ForksightLogger:
             log.warning("forksight: verl %s is unknown; streaming verl's logged metrics only", version)
         s = self.settings
         self.model_path = _select(config, "actor_rollout_ref.model.path")
+        self.correction = correction_settings(config)   # verl's rollout correction, when one is on
+        self.masks_before: dict | None = None          # v1: response masks before verl's rejection sampling
         spec = RunSpec.of(s["run"] or experiment_name or "verl", project=s["project"] or project_name or "default",
                           strategy=f"verl-{_select(config, 'algorithm.adv_estimator') or 'ppo'}",
                           model=str(self.model_path) if self.model_path else None,
@@ -145,14 +151,15 @@ class ForksightLogger:
         finally:
             self.overhead_s += time.perf_counter() - t0
 
-    def note_old_log_prob(self, step: int, old_log_prob, seen: dict | None = None) -> None:
+    def note_old_log_prob(self, step: int, old_log_prob, seen: dict | None = None, response_mask=None) -> None:
         """Keep references to the step's entropy, log p and Σp² (verl pops the entropy next),
-        and the workers' top-1/JS when they sent them (`seen`: the worker call's input, output)."""
+        the workers' top-1/JS when they sent them (`seen`: the worker call's input, output), and the
+        response mask before verl's rejection sampling can zero tokens of it."""
         if not self.per_token:
             return
         tensors = old_log_prob.batch
         self._tokens = {"step": step, "entropy": tensors.get("entropys"), "logp": tensors.get("old_log_probs"),
-                        "sum_pi_squared": tensors.get("sum_pi_squared")}
+                        "sum_pi_squared": tensors.get("sum_pi_squared"), "response_mask": response_mask}
         output = (seen or {}).get("output")
         if output is not None and "forksight_top1" in output.keys():
             from forksight.hooks.integrations.verl_worker import padded
@@ -246,7 +253,11 @@ class ForksightLogger:
                                           token_groups=self.settings["token_groups"])
         tensors, non_tensor = batch["tensors"], batch["non_tensor"]
         responses = tensors["responses"]
-        mask = tensors["response_mask"].bool()
+        kept = tensors["response_mask"].bool()
+        before = tokens.get("response_mask") if tokens else None
+        # verl's rejection sampling (rollout_rs) zeroes rejected tokens of the batch's response_mask;
+        # the mask from before keeps them in the samples and token rows, as verl's actor/entropy does
+        mask = before.bool() if before is not None and tuple(before.shape) == tuple(kept.shape) else kept
         uids = list(non_tensor["uid"])
         first_seen = {uid: k for k, uid in enumerate(dict.fromkeys(uids))}
         group_ids = [first_seen[u] for u in uids]
@@ -272,8 +283,24 @@ class ForksightLogger:
                            top1=torch.where(mask, top1, zero) if top1 is not None else not_computed,
                            logp=torch.where(mask, logp.float(), zero) if logp is not None else None,
                            js=torch.where(mask, js, zero) if js is not None else None, mask=mask)
+        sampler_logp, corrected = self._sampler(tensors, logp, mask, kept)
         return self._reporter.report(step, stats, responses, group_ids=group_ids, advantages=advantages,
-                                     samples=samples)
+                                     samples=samples, sampler_logp=sampler_logp, corrected=corrected)
+
+    def _sampler(self, tensors, logp, mask, kept) -> tuple[Any, Any]:
+        """The engine's log p (`rollout_log_probs`, NaN off the mask) and the tokens verl's rollout
+        correction changed (None when it has none); a wrong shape is StepReporter's to refuse."""
+        import torch
+
+        rollout = tensors.get("rollout_log_probs")
+        if rollout is None:
+            return None, None
+        if tuple(rollout.shape) != tuple(mask.shape):
+            return rollout, None
+        sampler_logp = torch.where(mask, rollout.float(), torch.full(mask.shape, float("nan")))
+        if self.correction is None or logp is None:
+            return sampler_logp, None
+        return sampler_logp, corrected_tokens(self.correction, logp, sampler_logp, mask, kept)
 
     def _samples(self, tensors, mask, rewards: np.ndarray, correct: list[bool]) -> list[dict]:
         tokenizer = self._reporter.tokenizer

@@ -138,7 +138,8 @@ def _patch_fsdp_engine(module) -> None:
 # ---------------------------------------------------------------------------- legacy trainer
 def patch_legacy_trainer(module) -> None:
     """Wrap RayPPOTrainer (trainer.use_v1=False): the step's entropy / log p / Σp² as they leave
-    `_compute_old_log_prob` (verl pops the entropy right after), the finished batch as it enters
+    `_compute_old_log_prob` (verl pops the entropy right after) with the response mask as it enters
+    (before a rejection sampling zeroes tokens of it), the finished batch as it enters
     `compute_data_metrics`, the start of each step (to stop after an alert), and fit() itself."""
     trainer_cls = module.RayPPOTrainer
     old_log_prob, start_profiling, fit = (trainer_cls._compute_old_log_prob, trainer_cls._start_profiling,
@@ -171,7 +172,8 @@ def patch_legacy_trainer(module) -> None:
                 workers.compute_log_prob = call
             else:
                 del workers.compute_log_prob
-        logger.guard(logger.note_old_log_prob, self.global_steps, out[0] if isinstance(out, tuple) else out, seen)
+        logger.guard(logger.note_old_log_prob, self.global_steps, out[0] if isinstance(out, tuple) else out, seen,
+                     batch.batch.get("response_mask"))
         return out
 
     def compute_data_metrics(batch, *args, **kwargs):

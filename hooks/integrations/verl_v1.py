@@ -7,10 +7,13 @@ keeps each step's rows in TransferQueue until `fit()` calls `tq.kv_clear`, right
 - `_compute_old_log_prob`: the old-log-prob pass already runs with `calculate_entropy=True`; its
   batch metadata also asks the FSDP workers for top-1/JS (`forksight_stats`, hooks/integrations/verl_worker.py)
   and, when `actor.calculate_sum_pi_squared=True`, for Σp² (v1 never asks for it itself). The flags
-  are taken off again, so the actor update never computes them.
+  are taken off again, so the actor update never computes them. When verl's rollout correction
+  rejects tokens (`algorithm.rollout_correction.rollout_rs`), the response masks are read here,
+  before `_compute_advantage` zeroes the rejected tokens in TransferQueue.
 - `_compute_metrics`: before verl's own metric pass, one `kv_batch_get` reads what is already
-  stored (responses, masks, uid, rm_scores, reward extras, entropy, old log p, advantages, and the
-  workers' Σp² / top-1 / JS): no recompute, and nothing is read after the clear.
+  stored (responses, masks, uid, rm_scores, reward extras, entropy, old log p, advantages, the
+  engine's `rollout_log_probs` when `rollout.calculate_log_probs=True`, and the workers' Σp² / top-1 /
+  JS): no recompute, and nothing is read after the clear.
 - `_start_profiling` (start of each step) stops the run after a critical alert; `fit()` marks the
   run `finished`, `stopped` or `crashed`.
 """
@@ -29,15 +32,17 @@ log = logging.getLogger("forksight.verl")
 MODULE = "verl.trainer.ppo.v1.trainer_base"
 # what the step's rows hold in TransferQueue when _compute_metrics runs (absent fields are skipped)
 FIELDS = ["prompts", "responses", "response_mask", "rm_scores", "uid", "extra_fields", "entropy", "old_log_probs",
-          "advantages", "sum_pi_squared", "forksight_top1", "forksight_js"]
+          "advantages", "rollout_log_probs", "sum_pi_squared", "forksight_top1", "forksight_js"]
 # full-sequence fields the workers wrote (log p convention: token t+1 at position t)
 _FROM_WORKERS = ("sum_pi_squared", "forksight_top1", "forksight_js")
 _FLAGS = ("forksight_stats", "forksight_group_size", "calculate_sum_pi_squared")
 
 
-def read_step(tq, meta, correct_key: str | None) -> dict[str, Any] | None:
+def read_step(tq, meta, correct_key: str | None, masks_before: dict | None = None) -> dict[str, Any] | None:
     """One step's rows from TransferQueue as the legacy trainer's batch ({"tensors", "non_tensor"})
-    and tokens ({"entropy", "logp", "sum_pi_squared", "top1", "js"}), padding rows left out."""
+    and tokens ({"entropy", "logp", "sum_pi_squared", "top1", "js"}, and "response_mask" from
+    masks_before: TransferQueue key -> the row's response mask before verl's rejection sampling),
+    padding rows left out."""
     import torch
     from verl.workers.utils.padding import response_from_nested
 
@@ -49,30 +54,50 @@ def read_step(tq, meta, correct_key: str | None) -> dict[str, Any] | None:
     response_mask_nested = data["response_mask"]
     tensors: dict[str, torch.Tensor] = {}
     for name in ("prompts", "responses", "response_mask", "rm_scores", "entropy", "old_log_probs", "advantages",
-                 *_FROM_WORKERS):
+                 "rollout_log_probs", *_FROM_WORKERS):
         if name not in data.keys():
             continue
         value = data[name]
         if name in _FROM_WORKERS:
             value = response_from_nested(value, response_mask_nested)
         tensors[name] = value.to_padded_tensor(0) if value.is_nested else value
+    # the mask before verl's rejection sampling, when the old-log-prob hook read it: the rows' tokens
+    mask = _before(masks_before, keys, tensors["response_mask"])
     prompt_lens = data["prompts"].offsets().diff()
     width = tensors["prompts"].shape[1]
     prompt_mask = (torch.arange(width)[None, :] < prompt_lens[:, None]).long()
-    tensors["attention_mask"] = torch.cat([prompt_mask, tensors["response_mask"].long()], dim=1)
+    tensors["attention_mask"] = torch.cat([prompt_mask, mask.long()], dim=1)
     tensors["token_level_scores"] = tensors.pop("rm_scores")
     non_tensor: dict[str, np.ndarray] = {"uid": np.array(list(data["uid"]), dtype=object)}
     verdicts = _reward_extra(data, correct_key)
     if verdicts is not None:
         non_tensor[correct_key] = verdicts
-    mask = tensors["response_mask"]
     tokens = {"entropy": tensors.pop("entropy", None), "logp": tensors.get("old_log_probs"),
               "sum_pi_squared": tensors.pop("sum_pi_squared", None)}
+    if mask is not tensors["response_mask"]:
+        tokens["response_mask"] = mask
     for name in ("top1", "js"):
         value = tensors.pop(f"forksight_{name}", None)
         if value is not None:
             tokens[name] = value.float().masked_fill(mask == 0, 0.0)
     return {"tensors": tensors, "non_tensor": non_tensor, "tokens": tokens}
+
+
+def _before(masks_before: dict | None, keys: list, kept):
+    """[B, T] response masks of `keys` from masks_before, or `kept` when a row's is missing."""
+    if not masks_before or not all(key in masks_before for key in keys):
+        return kept
+    before = kept.new_zeros(kept.shape)
+    for i, key in enumerate(keys):
+        row = masks_before[key][: kept.shape[1]]
+        before[i, : row.numel()] = row
+    return before
+
+
+def masks_of(tq, meta) -> dict:
+    """TransferQueue key -> response mask of every row of the step (before verl's rejection sampling)."""
+    data = tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id, select_fields=["response_mask"])
+    return dict(zip(meta.keys, data["response_mask"].unbind()))
 
 
 def _reward_extra(data, key: str | None) -> np.ndarray | None:
@@ -114,7 +139,13 @@ def patch_v1_trainer(module) -> None:
             for meta in (batch, out):
                 for flag in flags:
                     (getattr(meta, "extra_info", None) or {}).pop(flag, None)
+        logger.masks_before = None
+        if (logger.correction or {}).get("rollout_rs"):
+            logger.guard(_keep_masks, logger, out if out is not None else batch)
         return out
+
+    def _keep_masks(logger, meta):
+        logger.masks_before = masks_of(tq, meta)
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch, *args, **kwargs):
         logger = STATE.logger
@@ -123,7 +154,7 @@ def patch_v1_trainer(module) -> None:
         return compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch, *args, **kwargs)
 
     def _note(logger, step, batch):
-        step_data = read_step(tq, batch, logger.settings["correct_key"])
+        step_data = read_step(tq, batch, logger.settings["correct_key"], logger.masks_before)
         if step_data is not None:
             tokens = step_data.pop("tokens")
             logger.note_batch_dict(step, step_data, tokens)
