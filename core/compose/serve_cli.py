@@ -113,7 +113,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 2
     try:
-        app = create_app(store, token=token, dashboard=not args.no_dashboard, hub=hub)
+        app = create_app(store, token=token, dashboard=not args.no_dashboard, hub=hub, lake=lake)
     except BaseException:
         if lake is not None:
             lake.stop()

@@ -1,0 +1,243 @@
+"""Tiered reads (docs/lake.md, "Reads"): the `Reader` protocol over the collector's DuckDB file and the
+lake together. A run the file holds is read from the file, as without a lake; a run only the lake
+holds (another collector's) is shown as '<run_id>@<collector>' and read by the SAME Reader SQL over a
+per-run DuckDB whose step tables are views on the Parquet files its Iceberg scan plan lists. The list
+of lake runs and alerts is cached and refreshed every REFRESH_S, not per request."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from forksight.base.limits import MAX_READ_TOKEN_ROWS
+from forksight.base.tables import ALERTS, RUNS
+from forksight.monitor.lake.run_views import build_run_db, shown_id
+from forksight.monitor.lake.schema import COLLECTOR, STEP_TABLES, identifier
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+REFRESH_S = 5.0        # how stale the list of lake runs (and a lake run's plan) may get
+OPEN_RUNS = 32         # lake runs kept open (LRU); each holds its rollups and small tables only
+
+
+class TieredReader:
+    """The Reader protocol over `local` (the store's Reader) and the lake in `catalog`. `store`
+    gives read cursors on the file (duck-typed); `own` is this collector's id in the lake;
+    open_reader(conn) -> Reader (rollups built) is given by the roof, which knows the collector."""
+
+    def __init__(self, local, store, catalog, own: str, open_reader: Callable, *,
+                 refresh_s: float = REFRESH_S, open_runs: int = OPEN_RUNS):
+        self.local, self.store, self.catalog, self.own = local, store, catalog, own
+        self.open_reader, self.refresh_s, self.open_runs = open_reader, refresh_s, open_runs
+        self.stale_after = local.stale_after
+        self._lock = threading.Lock()           # the index and the open runs
+        self._build = threading.Lock()          # one run opened at a time
+        self._index_at = -1e18
+        self._lake: dict[str, tuple[str, str, dict]] = {}    # shown id -> (collector, run_id, runs row)
+        self._runs = pa.table({c.name: pa.array([], c.arrow) for c in RUNS.columns})
+        self._alerts = pa.table({c.name: pa.array([], c.arrow) for c in ALERTS.columns})
+        self._open: OrderedDict[str, tuple] = OrderedDict()
+        self.error: str | None = None           # the catalog's last failure (pages show the file's runs)
+
+    # -- the lake's index of runs and alerts
+    def _index(self) -> None:
+        """Refresh the lake runs and alerts at most every refresh_s; a failing catalog keeps the last."""
+        if time.monotonic() - self._index_at < self.refresh_s:
+            return
+        try:
+            runs = self.catalog.load_table(identifier("runs")).scan().to_arrow()
+            alerts = self.catalog.load_table(identifier("alerts")).scan().to_arrow()
+        except Exception as exc:  # noqa: BLE001 - a catalog that is down: the file's runs still show
+            self.error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            self._index_at = time.monotonic()
+            return
+        cur = self.store.read_cursor()
+        try:
+            local = {r[0] for r in cur.execute("SELECT run_id FROM runs").fetchall()}
+        finally:
+            cur.close()
+        lake: dict[str, tuple[str, str, dict]] = {}
+        for row in runs.to_pylist():
+            if row[COLLECTOR] == self.own and row["run_id"] in local:
+                continue                                   # this collector's own run: the file has it
+            lake[shown_id(row["run_id"], row[COLLECTOR])] = (row[COLLECTOR], row["run_id"], row)
+        shown_rows = [{c: row.get(c) for c in RUNS.names} | {"run_id": s, "name": shown_id(row.get("name") or
+                                                                                          row["run_id"], col)}
+                      for s, (col, _, row) in lake.items()]
+        keep = [shown_id(r, c) in lake for r, c in zip(alerts["run_id"].to_pylist(),
+                                                        alerts[COLLECTOR].to_pylist())]
+        alerts = alerts.filter(pa.array(keep, pa.bool_()))
+        shown_alerts = alerts.set_column(alerts.schema.get_field_index("run_id"), "run_id", pa.array(
+            [shown_id(r, c) for r, c in zip(alerts["run_id"].to_pylist(), alerts[COLLECTOR].to_pylist())],
+            pa.string())).drop_columns([COLLECTOR])
+        with self._lock:
+            self._lake = lake
+            self._runs = pa.Table.from_pylist(shown_rows, schema=RUNS.arrow_schema(run_id=True))
+            self._alerts = shown_alerts.select(list(ALERTS.names)).cast(ALERTS.arrow_schema(run_id=True))
+            self._index_at = time.monotonic()
+            self.error = None
+
+    def lake_runs(self) -> list[str]:
+        """The shown ids of the runs only the lake holds."""
+        self._index()
+        return list(self._lake)
+
+    # -- one lake run
+    def _lake_reader(self, run_id: str):
+        """The per-run Reader of a lake-only run (opened, or re-planned when its tables moved on)."""
+        self._index()
+        with self._lock:
+            found = self._lake.get(run_id)
+            if found is None:
+                return None
+            entry = self._open.get(run_id)
+            if entry is not None:
+                self._open.move_to_end(run_id)
+        collector, lake_id, row = found
+        alerts = self._alerts.filter(pc.equal(self._alerts["run_id"], run_id))
+        stamp = (row.get("heartbeat"), row.get("status"), alerts.num_rows)
+        if entry is not None and time.monotonic() - entry[2] < self.refresh_s:
+            return entry[0]
+        with self._build:
+            if entry is not None and entry[3] == stamp and self._snapshots() == entry[1]:
+                with self._lock:
+                    self._open[run_id] = (entry[0], entry[1], time.monotonic(), stamp)
+                return entry[0]
+            reader, snaps = build_run_db(self.catalog, collector, lake_id, row, alerts, self.open_reader)
+            with self._lock:
+                self._open[run_id] = (reader, snaps, time.monotonic(), stamp)
+                self._open.move_to_end(run_id)
+                while len(self._open) > self.open_runs:
+                    self._open.popitem(last=False)
+        return reader
+
+    def _snapshots(self) -> dict[str, int | None]:
+        out = {}
+        for spec in STEP_TABLES:
+            snap = self.catalog.load_table(identifier(spec.name)).current_snapshot()
+            out[spec.name] = snap.snapshot_id if snap else None
+        return out
+
+    def _of(self, run_id: str):
+        """The Reader holding `run_id`: the file's when it has it, else the lake run's, else the file's."""
+        if self.local.has_run(run_id):
+            return self.local
+        return self._lake_reader(run_id) or self.local
+
+    # -- several runs: the file's and the lake's rows in one small in-memory DuckDB, the same SQL
+    def _fleet(self):
+        import duckdb
+
+        self._index()
+        cur = self.store.read_cursor()
+        try:
+            runs = cur.sql(f"SELECT {', '.join(RUNS.names)} FROM runs").to_arrow_table()
+            alerts = cur.sql(f"SELECT {', '.join(ALERTS.names)} FROM alerts").to_arrow_table()
+        finally:
+            cur.close()
+        conn = duckdb.connect(":memory:")
+        with self._lock:
+            lake_runs, lake_alerts = self._runs, self._alerts
+        for spec, mine, theirs in ((RUNS, runs, lake_runs), (ALERTS, alerts, lake_alerts)):
+            conn.execute(spec.ddl())
+            for i, data in enumerate((mine, theirs)):
+                conn.register(f"_part{i}", data)
+                conn.execute(f"INSERT INTO {spec.name} BY NAME SELECT * FROM _part{i}")
+                conn.unregister(f"_part{i}")
+        return self.open_reader(conn, rollups=False)
+
+    # -- the Reader protocol
+    def list_runs(self) -> pd.DataFrame:
+        return self._fleet().list_runs()
+
+    def runs_page(self, *, where: Sequence[tuple[str, str, object]] = (),
+                  order: Sequence[tuple[str, bool]] = (), limit: int = 50, offset: int = 0):
+        return self._fleet().runs_page(where=where, order=order, limit=limit, offset=offset)
+
+    def read_alerts_page(self, *, run_ids: Sequence[str] = (), severities: Sequence[str] = (),
+                         detectors: Sequence[str] = (), limit: int = 100, offset: int = 0):
+        return self._fleet().read_alerts_page(run_ids=run_ids, severities=severities, detectors=detectors,
+                                              limit=limit, offset=offset)
+
+    def alert_detectors(self) -> list[str]:
+        return self._fleet().alert_detectors()
+
+    def read_alerts(self, run_id: str | None = None, since_step: int | None = None) -> pd.DataFrame:
+        if run_id is None:
+            return self._fleet().read_alerts(None, since_step)
+        return self._of(run_id).read_alerts(run_id, since_step)
+
+    def read_scalars_of_runs(self, keys: Sequence[str], downsample: int = 24,
+                             run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+        import pandas as pd
+
+        lake = set(self.lake_runs())
+        wanted = None if run_ids is None else list(run_ids)
+        mine = self.local.read_scalars_of_runs(keys, downsample, None if wanted is None else
+                                               [r for r in wanted if r not in lake])
+        theirs = [self._lake_reader(r).read_scalars_of_runs(keys, downsample, [r])
+                  for r in (lake if wanted is None else [r for r in wanted if r in lake])
+                  if not self.local.has_run(r)]
+        parts = [p for p in (mine, *theirs) if len(p)]
+        return pd.concat(parts, ignore_index=True) if parts else mine
+
+    def run(self, run_id: str) -> dict | None:
+        return self._of(run_id).run(run_id)
+
+    def has_run(self, run_id: str) -> bool:
+        return self._of(run_id).has_run(run_id)
+
+    def scalar_keys(self, run_id: str) -> list[str]:
+        return self._of(run_id).scalar_keys(run_id)
+
+    def read_scalars(self, run_id: str, keys: Sequence[str] | None = None, downsample: int = 1000,
+                     since_step: int | None = None) -> pd.DataFrame:
+        return self._of(run_id).read_scalars(run_id, keys, downsample=downsample, since_step=since_step)
+
+    def read_histograms(self, run_id: str, key: str = "entropy", downsample: int = 1000,
+                        since_step: int | None = None) -> pd.DataFrame:
+        return self._of(run_id).read_histograms(run_id, key, downsample=downsample, since_step=since_step)
+
+    def read_histogram_ends(self, run_id: str, key: str, at: int | None = None) -> pd.DataFrame:
+        return self._of(run_id).read_histogram_ends(run_id, key, at)
+
+    def steps_scalars(self, run_id: str, steps: Sequence[int]) -> dict[int, dict[str, float]]:
+        return self._of(run_id).steps_scalars(run_id, steps)
+
+    def token_steps(self, run_id: str, since_step: int | None = None) -> list[int]:
+        return self._of(run_id).token_steps(run_id, since_step)
+
+    def token_step_span(self, run_id: str) -> tuple[int, int | None, int | None]:
+        return self._of(run_id).token_step_span(run_id)
+
+    def first_token_steps(self, run_id: str, n: int) -> list[int]:
+        return self._of(run_id).first_token_steps(run_id, n)
+
+    def nearest_token_steps(self, run_id: str, wanted: Sequence[int]) -> list[int | None]:
+        return self._of(run_id).nearest_token_steps(run_id, wanted)
+
+    def spread_token_steps(self, run_id: str, n: int) -> list[int]:
+        return self._of(run_id).spread_token_steps(run_id, n)
+
+    def read_token_history(self, run_id: str, steps: Sequence[int], metric: str | Sequence[str],
+                           prompt: str | None = None, per_step: int = 20_000) -> pd.DataFrame:
+        return self._of(run_id).read_token_history(run_id, steps, metric, prompt=prompt, per_step=per_step)
+
+    def read_tokens(self, run_id: str, step: int, sample_id: int | None = None,
+                    limit: int = MAX_READ_TOKEN_ROWS) -> pd.DataFrame:
+        return self._of(run_id).read_tokens(run_id, step, sample_id, limit=limit)
+
+    def read_samples(self, run_id: str, step: int | None = None, group_id: int | None = None,
+                     limit: int = 10_000) -> pd.DataFrame:
+        return self._of(run_id).read_samples(run_id, step, group_id, limit=limit)
+
+    def run_progress(self, run_id: str) -> tuple[int, int]:
+        return self._of(run_id).run_progress(run_id)
+
+    def row_counts(self, run_id: str) -> dict[str, int]:
+        return self._of(run_id).row_counts(run_id)

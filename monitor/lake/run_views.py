@@ -1,0 +1,112 @@
+"""One lake-only run as a small DuckDB database the collector's own Reader SQL runs over: its step
+tables are views over the Parquet data files an Iceberg scan plan lists for (collector, run_id), so a
+read loads only the columns and row groups it asks for; its runs row, alerts and the writer's indexes
+(token_steps, scalar_keys) are small tables filled once. The run's id inside is the id shown to users."""
+from __future__ import annotations
+
+from typing import Callable
+
+import pyarrow as pa
+
+from forksight.base.tables import (
+    ALERTS, HISTOGRAM_ROLLUPS, RUNS, SCALAR_KEYS, SCALAR_ROLLUPS, TOKEN_STEPS, TABLES,
+)
+from forksight.monitor.lake.schema import COLLECTOR, STEP_TABLES, identifier
+
+SHOWN_SEP = "@"      # a lake-only run is shown as '<run_id>@<collector>' (and named '<name>@<collector>')
+
+
+def shown_id(run_id: str, collector: str) -> str:
+    return f"{run_id}{SHOWN_SEP}{collector}"
+
+
+def _literal(text: str) -> str:
+    return "'" + str(text).replace("'", "''") + "'"
+
+
+def _local_path(path: str) -> str | None:
+    """A data file's path DuckDB can open (file:// or a plain path); None for an object store."""
+    if path.startswith("file://"):
+        return path[len("file://"):]
+    return None if "://" in path else path
+
+
+def plan_files(catalog, table: str, collector: str, run_id: str) -> tuple[list[str] | None, int | None]:
+    """(local data files of one run in `table`, the snapshot planned); files None when the plan has
+    delete files or non-local paths (then the rows are read through pyiceberg instead)."""
+    from pyiceberg.expressions import And, EqualTo
+
+    t = catalog.load_table(identifier(table))
+    snap = t.current_snapshot()
+    tasks = list(t.scan(row_filter=And(EqualTo(COLLECTOR, collector), EqualTo("run_id", run_id)),
+                        selected_fields=("*",)).plan_files())
+    paths = [_local_path(task.file.file_path) for task in tasks]
+    if any(task.delete_files for task in tasks) or any(p is None for p in paths):
+        return None, snap.snapshot_id if snap else None
+    return paths, snap.snapshot_id if snap else None
+
+
+def _scan_arrow(catalog, table: str, collector: str, run_id: str) -> pa.Table:
+    from pyiceberg.expressions import And, EqualTo
+
+    return catalog.load_table(identifier(table)).scan(
+        row_filter=And(EqualTo(COLLECTOR, collector), EqualTo("run_id", run_id))).to_arrow()
+
+
+def _columns_sql(spec, have: set[str], shown: str) -> str:
+    """The spec's columns in order: run_id as the shown id, a column no file holds as a typed NULL."""
+    out = []
+    for c in spec.columns:
+        if c.name == "run_id":
+            out.append(f"{_literal(shown)}::VARCHAR AS run_id")
+        elif c.name in have:
+            out.append(f"CAST({c.name} AS {c.sql}) AS {c.name}")
+        else:
+            out.append(f"NULL::{c.sql} AS {c.name}")
+    return ", ".join(out)
+
+
+def build_run_db(catalog, collector: str, run_id: str, run_row: dict, alerts: pa.Table,
+                 open_reader: Callable):
+    """(a Reader over an in-memory DuckDB holding one lake run, the snapshots it was planned at);
+    alerts: the run's, already under its shown id.
+    open_reader(conn) -> Reader is the roof's: it builds the rollups and wraps conn in the Reader."""
+    import duckdb
+
+    shown = shown_id(run_id, collector)
+    conn = duckdb.connect(":memory:")
+    for spec in (RUNS, ALERTS, TOKEN_STEPS, SCALAR_KEYS, SCALAR_ROLLUPS, HISTOGRAM_ROLLUPS):
+        conn.execute(spec.ddl())
+    snaps = {}
+    for spec in STEP_TABLES:
+        files, snaps[spec.name] = plan_files(catalog, spec.name, collector, run_id)
+        where = f"{COLLECTOR} = {_literal(collector)} AND run_id = {_literal(run_id)}"
+        if files is None:        # delete files or an object store: read through pyiceberg (bounded by the run)
+            data = _scan_arrow(catalog, spec.name, collector, run_id)
+            conn.register(f"_lake_{spec.name}", data)
+            conn.execute(f"CREATE TABLE {spec.name} AS SELECT {_columns_sql(spec, set(data.column_names), shown)} "
+                         f"FROM _lake_{spec.name}")
+            conn.unregister(f"_lake_{spec.name}")
+        elif not files:
+            conn.execute(TABLES[spec.name].ddl())
+        else:
+            source = f"read_parquet([{', '.join(_literal(f) for f in files)}], union_by_name = true)"
+            have = {r[0] for r in conn.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+            conn.execute(f"CREATE VIEW {spec.name} AS SELECT {_columns_sql(spec, have, shown)} "
+                         f"FROM {source} WHERE {where}")
+    row = {c: run_row.get(c) for c in RUNS.names} | {"run_id": shown}
+    if row.get("name") is not None:
+        row["name"] = shown_id(row["name"], collector)
+    conn.execute(f"INSERT INTO runs ({', '.join(RUNS.names)}) VALUES ({', '.join('?' * len(RUNS.names))})",
+                 [row[c] for c in RUNS.names])
+    if alerts.num_rows:
+        conn.register("_lake_alerts", alerts)
+        conn.execute("INSERT INTO alerts BY NAME SELECT * FROM _lake_alerts")   # shown ids already
+        conn.unregister("_lake_alerts")
+    # the writer's indexes, from the rows (a scan of one column each)
+    conn.execute("INSERT INTO token_steps SELECT DISTINCT run_id, step FROM tokens")
+    conn.execute("INSERT INTO scalar_keys SELECT DISTINCT run_id, key FROM scalars")
+    # the span of the scalars this plan holds (the lake's runs row is synced apart and may lag them)
+    conn.execute("UPDATE runs SET first_step = (SELECT min(step) FROM scalars), "
+                 "last_step = (SELECT max(step) FROM scalars)")
+    return open_reader(conn), snaps
