@@ -13,7 +13,7 @@ import pandas as pd
 from forksight.dashboard.alert_figures import alert_layers
 from forksight.dashboard.figures import (X_TITLES, base_layout, clean, empty_figure, epoch_seconds,
                                          grid_axes, line_trace, pass_keys, raw_and_smooth, series,
-                                         wall_strings, x_values)
+                                         use_webgl, wall_strings, x_values)
 
 EVAL_PATTERN = re.compile(r"eval/pass@(\d+)")
 TRAIN_COLOR, HELDOUT_COLOR, REWARD_COLOR = "#1864ab", "#2b8a3e", "#868e96"
@@ -144,17 +144,19 @@ def heldout_figure(scalars, *, alerts: pd.DataFrame | None = None, smoothing: fl
     (x1, y1, xa1, ya1), (x2, y2, xa2, ya2) = grid_axes(2, 2, hgap=0.08)
     data, shapes, notes, panels = [], [], [], {}
     reward = series(scalars, "reward/mean", max_points)
+    train1, top = (series(scalars, k, max_points) if k else series(None, "")
+                   for k in (train_keys[0] if train_keys else None,
+                             train_keys[-1] if len(train_keys) > 1 else None))
+    gl = use_webgl(len(reward) + len(train1) + len(top))    # train curves: one point per step
     data += raw_and_smooth(reward, "reward/mean", name="train reward", color=REWARD_COLOR,
-                           smoothing=smoothing, x_axis=x_axis, gl=False, xaxis=x1, yaxis=y1)
+                           smoothing=smoothing, x_axis=x_axis, gl=gl, xaxis=x1, yaxis=y1)
     if train_keys:
-        train1 = series(scalars, train_keys[0], max_points)
         data += raw_and_smooth(train1, train_keys[0], name=f"train {train_keys[0]}",
-                               color=TRAIN_COLOR, smoothing=smoothing, x_axis=x_axis, gl=False,
+                               color=TRAIN_COLOR, smoothing=smoothing, x_axis=x_axis, gl=gl,
                                xaxis=x1, yaxis=y1)
     if len(train_keys) > 1:
-        top = series(scalars, train_keys[-1], max_points)
         faint = raw_and_smooth(top, train_keys[-1], name=f"train {train_keys[-1]}",
-                               color=TRAIN_COLOR, smoothing=smoothing, x_axis=x_axis, gl=False,
+                               color=TRAIN_COLOR, smoothing=smoothing, x_axis=x_axis, gl=gl,
                                xaxis=x2, yaxis=y2)
         for trace in faint:
             trace["line"].update(dash="dot", width=1.4)

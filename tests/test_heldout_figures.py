@@ -166,3 +166,17 @@ def test_a_real_bundled_trainer_run_gets_the_held_out_chart(tmp_path):
         assert line["y0"] == pytest.approx(float(top.value.iloc[0]))
         notes = [a["text"] for a in out["figures"]["heldout"]["layout"]["annotations"]]
         assert f"first eval (step 2): {top.value.iloc[0]:.2f}" in notes
+
+
+def test_a_long_run_draws_its_train_curves_with_webgl_and_its_evaluations_as_svg():
+    from forksight.dashboard.figures import SCATTERGL_AFTER
+
+    n = SCATTERGL_AFTER // 2 + 1                       # reward + pass@1 + pass@8 past the bound
+    steps = list(range(n))
+    data = frame({"reward/mean": (steps, [0.5] * n), "pass@1": (steps, [0.5] * n),
+                  "pass@8": (steps, [0.7] * n), "eval/pass@8": ([0, n - 1], [0.6, 0.4])})
+    fig = H.heldout_figure(data)
+    go.Figure(fig)
+    assert traces(fig, "raw", "pass@1")[0]["type"] == "scattergl"
+    assert traces(fig, "raw", "eval/pass@8")[0]["type"] == "scatter"
+    assert H.heldout_figure(run_frame())["data"][0]["type"] == "scatter"
