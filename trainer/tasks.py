@@ -335,6 +335,19 @@ class ProblemPool:
 
 def held_out(task: Task, n: int, seed: int) -> list[Problem]:
     """A fixed set of evaluation problems from their own seed. Not disjoint from training:
-    two-digit addition has only 8,100 problems, so some also appear in training batches."""
+    two-digit addition has only 8,100 problems, so some also appear in training batches. A
+    ProblemPool's are drawn from its whole task, never from the pool (that would test the
+    problems the run trains on: memorisation read as held-out skill)."""
     rng = random.Random(f"eval-{seed}")
-    return [task.sample(rng) for _ in range(n)]
+    if not isinstance(task, ProblemPool):
+        return [task.sample(rng) for _ in range(n)]
+    pool = {p.prompt for p in task.problems}
+    out: list[Problem] = []
+    for _ in range(1000 * n):  # bounded: a task with no problem outside the pool must not hang
+        problem = task.task.sample(rng)
+        if problem.prompt not in pool:
+            out.append(problem)
+            if len(out) == n:
+                return out
+    raise ValueError(f"held_out: the task {task.task.name!r} has no problems outside its pool of "
+                     f"{task.size}; use a larger task or no problem_pool")
