@@ -35,6 +35,7 @@ class TieredReader:
         self.local, self.store, self.catalog, self.own = local, store, catalog, own
         self.open_reader, self.refresh_s, self.open_runs = open_reader, refresh_s, open_runs
         self.stale_after = local.stale_after
+        self.store_health = getattr(local, "store_health", None)     # the runs page's disk note
         self._lock = threading.Lock()           # the index and the open runs
         self._build = threading.Lock()          # one run opened at a time
         self._index_at = -1e18
