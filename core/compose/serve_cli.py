@@ -192,12 +192,22 @@ def _stop_quietly_on_sigterm():
 def _lake_catalog(args: argparse.Namespace):
     """The lake's catalog, reached and checked now (None without --lake-catalog); LakeError says why not."""
     if args.lake_catalog is None:
-        if args.lake_warehouse or args.lake_commit_rows or args.lake_commit_seconds:
-            raise RuntimeError("--lake-warehouse/--lake-commit-* need --lake-catalog URI")
+        if args.lake_warehouse or args.lake_commit_rows is not None or args.lake_commit_seconds is not None \
+                or args.collector_id:
+            raise RuntimeError("--lake-warehouse, --lake-commit-* and --collector-id need --lake-catalog URI")
         return None
     if not args.lake_warehouse:
         raise RuntimeError("--lake-catalog needs --lake-warehouse LOCATION (a directory, s3://... or gs://...)")
     from forksight.monitor.lake.catalog import open_catalog
+    from forksight.monitor.lake.outbox import COLLECTOR_ID_RE
+
+    if (args.lake_commit_rows is not None and args.lake_commit_rows < 1) or \
+            (args.lake_commit_seconds is not None and not args.lake_commit_seconds > 0):
+        raise RuntimeError(f"--lake-commit-rows must be >= 1 and --lake-commit-seconds > 0 "
+                           f"(got {args.lake_commit_rows} and {args.lake_commit_seconds})")
+    if args.collector_id is not None and not COLLECTOR_ID_RE.match(args.collector_id):
+        raise RuntimeError(f"--collector-id {args.collector_id!r}: use 1-64 letters, digits, . _ - (starting "
+                           "with a letter or digit), e.g. the host's name")
 
     return open_catalog(args.lake_catalog, args.lake_warehouse)
 
