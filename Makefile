@@ -11,7 +11,11 @@ PYTEST_ARGS ?=
 VERL_ENV   ?= $(VENV)/verl
 VERL_STAMP := $(VERL_ENV)/.forksight-installed
 
-.PHONY: setup verl-env demo test bench clean lint
+# PySpark (~500 MB) reads the lake in tests/test_lake_engines.py: a venv of its own, not part of `make test`
+SPARK_ENV   ?= $(VENV)/spark
+SPARK_STAMP := $(SPARK_ENV)/.forksight-installed
+
+.PHONY: setup verl-env demo test bench clean lint lake-spark
 
 setup: $(STAMP)
 
@@ -24,6 +28,16 @@ $(VERL_STAMP): pyproject.toml | $(STAMP)
 	$(VERL_ENV)/bin/python -m pip show torch >/dev/null 2>&1 || $(VERL_ENV)/bin/python -m pip install -q $(TORCH)
 	$(VERL_ENV)/bin/python -m pip install -q -c $(VERL_ENV)/torch-constraint.txt -e '.[verl]'
 	touch $@
+
+$(SPARK_STAMP): | $(STAMP)
+	test -x $(SPARK_ENV)/bin/python || $(PY) -m venv $(SPARK_ENV)
+	$(SPARK_ENV)/bin/python -m pip install -q --upgrade pip
+	$(SPARK_ENV)/bin/python -m pip install -q 'pyspark==4.3.*'
+	touch $@
+
+# Spark (local mode, Java 17) over the lake's Parquet files: built on demand, then the engine tests
+lake-spark: $(SPARK_STAMP)
+	$(BIN)/python -m pytest -q tests/test_lake_engines.py $(PYTEST_ARGS)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
