@@ -3,6 +3,7 @@ Iceberg with the DuckDB tables' exact rows; a crash between the Iceberg commit a
 commits nothing twice; a bad URI is refused at start; schema evolution and an incompatible column."""
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
@@ -21,7 +22,7 @@ from forksight.base.tables import SCALARS, TOKENS, Table  # noqa: E402
 from forksight.monitor.lake.catalog import open_catalog  # noqa: E402
 from forksight.monitor.lake.committer import PROP_COLLECTOR, PROP_HI, PROP_LO, Committer  # noqa: E402
 from forksight.monitor.lake.errors import LakeError  # noqa: E402
-from forksight.monitor.lake.schema import iceberg_schema, partition_spec  # noqa: E402
+from forksight.monitor.lake.schema import conform, iceberg_schema, partition_spec  # noqa: E402
 from forksight.monitor.lake.service import start_lake  # noqa: E402
 from forksight.monitor.collector.store import Store, insert_arrow  # noqa: E402
 
@@ -155,3 +156,33 @@ def test_health_without_a_lake_has_no_lake_part(tmp_path):
     with ServeProcess(tmp_path / "a.duckdb") as srv:
         assert "lake" not in httpx.get(srv.url + "/api/health").json()
         assert httpx.get(srv.url + "/api/health/lake").status_code == 404
+
+
+def test_a_commit_conflict_with_another_collector_is_retried_and_lands_once(tmp_path, caplog):
+    uri, wh = f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh")
+    catalog = open_catalog(uri, wh)
+    with catalog.load_table("forksight.scalars").transaction() as tx:    # pyiceberg's own retries off:
+        tx.set_properties({"commit.retry.num-retries": "0"})             # the conflict reaches ours
+    stores = [Store(str(tmp_path / f"{c}.duckdb")) for c in "ab"]
+    try:
+        lakes = []
+        for collector, store in zip("ab", stores):
+            run = store.create_run("same")
+            lake = start_lake(store, catalog, uri=uri, warehouse=wh, collector_id=collector, commit_seconds=3600)
+            lake.stop()
+            store.write(run, Records(scalars=scalars_table([{"step": s, "key": collector, "value": s / 7}
+                                                            for s in range(10)])), "b").result()
+            lakes.append(lake)
+        stale = catalog.load_table("forksight.scalars")     # a's view of the table, before b commits
+        lakes[1].cycle(force=True)
+        data = lakes[0].outbox.rows(stores[0].read_cursor(), "scalars", 1, 10**9)
+        with caplog.at_level(logging.INFO, logger="forksight.lake"):
+            lakes[0]._append(stale, "scalars", conform(data, "a", stale), 1, 1)
+        assert "scalars commit conflicted with another writer" in caplog.text     # refused once, retried
+        table = catalog.load_table("forksight.scalars")
+        assert sorted(r["key"] for r in table.scan().to_arrow().to_pylist()) == ["a"] * 10 + ["b"] * 10
+        assert table.properties["forksight.committed-seq.a"] == "1"
+        assert int(table.properties["forksight.committed-seq.b"]) >= 1          # b's watermark kept
+    finally:
+        for store in stores:
+            store.close()

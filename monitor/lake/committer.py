@@ -181,9 +181,10 @@ class Committer:
             try:
                 commit(table)
                 return
-            except CommitFailedException:
+            except CommitFailedException as exc:
                 if attempt == CONFLICT_TRIES - 1:
                     raise
+                log.info("lake: %s commit conflicted with another writer (%s); retry %d", name, exc, attempt + 1)
                 time.sleep(min(0.05 * 2 ** attempt, 2.0) * random.uniform(0.5, 1.5))
                 table = self.catalog.load_table(identifier(name))
                 if landed(table):
