@@ -144,8 +144,8 @@ def test_the_run_page_draws_held_out_only_for_a_run_that_logs_it_and_redraws_on_
 
 @pytest.mark.slow
 def test_a_real_bundled_trainer_run_gets_the_held_out_chart(tmp_path):
-    """The keys the trainer really logs (eval/pass@k every eval_every steps, the first after the
-    first update) are the ones the chart draws, its line at the first evaluation's stored value."""
+    """The keys the trainer really logs (eval/pass@k of the base model at step 0, then every
+    eval_every steps) are the ones the chart draws, its line at the base model's stored value."""
     from forksight.dashboard.run_view import Controls, draw_run
     from forksight.monitor.collector.store import Store
     from forksight.trainer.config import load_config
@@ -160,12 +160,12 @@ def test_a_real_bundled_trainer_run_gets_the_held_out_chart(tmp_path):
         out = draw_run(store.reader, result.run_id, Controls())
         assert out["heldout"]
         top = store.reader.read_scalars(result.run_id, [keys[-1]]).sort_values("step")
-        assert top.step.tolist() == [2, 3]             # every 2 steps, and after the last one
+        assert top.step.tolist() == [0, 2, 3]          # the base model, every 2 steps, after the last one
         [line] = [s for s in out["figures"]["heldout"]["layout"]["shapes"]
                   if s.get("name") == f"base:{keys[-1]}"]
         assert line["y0"] == pytest.approx(float(top.value.iloc[0]))
         notes = [a["text"] for a in out["figures"]["heldout"]["layout"]["annotations"]]
-        assert f"first eval (step 2): {top.value.iloc[0]:.2f}" in notes
+        assert any(n.startswith("base model (step 0)") and f"{top.value.iloc[0]:.2f}" in n for n in notes), notes
 
 
 def test_a_long_run_draws_its_train_curves_with_webgl_and_its_evaluations_as_svg():

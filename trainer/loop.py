@@ -215,6 +215,10 @@ def train(config: TrainConfig, sink: Sink | None = None) -> TrainResult:
     stopped = interrupted = False
     done = start  # last completed step
     stop_request = _StopRequest()
+    if config.eval_every and start == 0 and ctx.rank == 0:
+        # the base model's held-out pass@k at step 0: the line a collapse's cost is read against
+        last_eval = evaluate(ctx)
+        sink.log_scalars(0, last_eval)
     try:
         for step in range(start + 1, config.steps + 1):
             if stop_request.is_set():
