@@ -84,7 +84,7 @@ def test_a_crash_between_commit_and_delete_commits_nothing_twice(tmp_path):
         with pytest.raises(KeyboardInterrupt):
             lake.cycle(force=True)
         assert calls == ["scalars"] and store.call(
-            lambda cur: cur.execute("SELECT count(*) FROM lake_outbox_scalars").fetchall()[0][0]) == 25
+            lambda cur: cur.execute("SELECT sum(nrows) FROM lake_outbox WHERE tbl = 'scalars'").fetchall()[0][0]) == 25
         lake.outbox.drop = real_drop
         again = Committer(store, lake.outbox, catalog, uri="sqlite://", warehouse="wh",
                           commit_rows=10, commit_seconds=3600)
