@@ -20,7 +20,7 @@ COPY monitor ./monitor
 COPY hooks ./hooks
 COPY trainer ./trainer
 COPY dashboard ./dashboard
-RUN pip install ".[trl]"
+RUN pip install ".[trl,lake]"
 
 VOLUME ["/data"]
 EXPOSE 8050
