@@ -186,3 +186,31 @@ def test_a_commit_conflict_with_another_collector_is_retried_and_lands_once(tmp_
     finally:
         for store in stores:
             store.close()
+
+
+def test_compact_keeps_the_outbox_so_thinned_token_rows_still_reach_the_lake(tmp_path):
+    from forksight.base.records import tokens_table
+    from forksight.monitor.collector.compact import compact_file
+
+    uri, wh, db = f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh"), str(tmp_path / "a.duckdb")
+    catalog = open_catalog(uri, wh)
+    store = Store(db)
+    run = store.create_run("r")
+    lake = start_lake(store, catalog, uri=uri, warehouse=wh, collector_id="c", commit_seconds=3600)
+    lake.stop()
+    for step in range(5):
+        store.write(run, Records(tokens=tokens_table({"step": [step] * 3, "sample_id": [0, 0, 1],
+                                                      "pos": [0, 1, 0]})), f"b{step}").result()
+    store.close()
+    done = compact_file(db, run, 2)                  # the file keeps 3 of the 5 steps' token rows
+    assert done["token_rows_after"] == 9
+    store = Store(db)
+    try:
+        lake = start_lake(store, catalog, uri=uri, warehouse=wh, commit_seconds=3600)   # the stored id
+        lake.stop()
+        assert lake.collector == "c"
+        lake.cycle(force=True)
+        assert sorted({r["step"] for r in lake_rows(catalog, "tokens", "c")}) == list(range(5))
+        assert len(lake_rows(catalog, "tokens", "c")) == 15
+    finally:
+        store.close()
