@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> dict:
                  "rule": RULE, "interval": f"95% percentile bootstrap over seeds, {args.resamples} resamples "
                  f"(numpy, seed 0); with {len(seeds)} seeds it is coarse (few distinct resample means)",
                  "windows": "train reward/entropy/fork share: mean of the first/last 10 steps, peak = best 10-step "
-                 "rolling mean; eval: first/best/last evaluation (the first is at step eval_every, not 0)",
+                 "rolling mean; eval: the first/best/last evaluation logged (each cell's eval_steps; the first is the "
+                 "base model's, step 0, where the trainer evaluates before training)",
                  "collapse": "collapse_step: first critical entropy_collapse alert; collapse_warning_step: its "
                  "first warning; collapse_step_floor: first step whose raw entropy is under the detector's floor "
                  "max(0.05, 0.1 × mean of the first 10 steps); summaries average over the seeds that collapsed",
