@@ -162,3 +162,47 @@ def test_a_lake_run_reads_only_its_own_files(lake):
     files, snap = plan_files(reader.catalog, "tokens", "box-b", "b")
     assert files and snap is not None
     assert all("collector=box-b/run_id=b/" in f for f in files), files
+
+
+def test_compact_to_lake_moves_committed_token_steps_and_the_reader_reads_them_from_the_lake(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from collector_util import REPO
+
+    uri, wh = f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh")
+    db = str(tmp_path / "c.duckdb")
+    c = Store(db)
+    lake = start_lake(c, open_catalog(uri, wh), uri=uri, warehouse=wh, collector_id="box-c", commit_seconds=0.2)
+    write_run(c, "c", 60)                 # token steps 0, 20, 40
+    lake.stop()                           # committed; the outbox hook stays: what follows waits in it
+    body = batch(61, tokens=30)
+    c.write("c", Records(tokens=tokens_table({k: v for k, v in body["tokens"][0].items() if k != "step"}, step=61)),
+            "c-61").result()
+    before = {s: c.reader.read_tokens("c", s) for s in (0, 20, 40, 61)}
+    history = c.reader.read_token_history("c", [0, 20, 40, 61], ["entropy", "logp"], per_step=11)
+    counts, steps = c.reader.row_counts("c"), c.reader.token_steps("c")
+    c.close()
+    done = subprocess.run([sys.executable, "-m", "forksight", "compact", "--db", db, "--run", "c", "--to-lake",
+                           "--lake-catalog", uri, "--lake-warehouse", wh], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert said["token_steps_moved"] == 3 and said["token_rows_moved"] == 90     # 3 steps x 30 rows sent
+    assert said["token_steps_kept_waiting"] == 1 and said["token_steps_kept_unequal"] == 0   # step 61: not committed
+    c = Store(db)
+    try:
+        assert c.reader.read_tokens("c", 20).empty and len(c.reader.read_tokens("c", 61)) == 30   # out of the file
+        lake = start_lake(c, open_catalog(uri, wh), uri=uri, warehouse=wh, collector_id="box-c", commit_seconds=3600)
+        lake.stop()
+        reader = tiered_reader(c, lake)
+        for s, want in before.items():
+            same(reader.read_tokens("c", s), want)
+        same(reader.read_token_history("c", [0, 20, 40, 61], ["entropy", "logp"], per_step=11), history)
+        assert reader.token_steps("c") == steps and reader.row_counts("c") == counts
+    finally:
+        c.close()
+    bad = subprocess.run([sys.executable, "-m", "forksight", "compact", "--db", db, "--run", "c", "--to-lake"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "--to-lake needs --lake-catalog" in bad.stderr

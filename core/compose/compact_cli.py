@@ -15,8 +15,14 @@ def add_parser(subparsers) -> None:
         "back to the disk. Stop `forksight serve` on the file first (it holds the file).")
     compact.add_argument("--db", required=True, help="DuckDB file (not held by a running collector)")
     compact.add_argument("--run", required=True, help="run id")
-    compact.add_argument("--keep-token-steps", type=int, required=True, metavar="N",
+    compact.add_argument("--keep-token-steps", type=int, default=None, metavar="N",
                          help="token rows kept at N evenly spaced steps, plus the newest")
+    compact.add_argument("--to-lake", action="store_true",
+                         help="instead move the run's token rows the lake holds out of the file; the dashboard "
+                         "of a serve with --lake-catalog reads them from the lake (docs/lake.md, Reads)")
+    compact.add_argument("--lake-catalog", metavar="URI", default=None, help="the lake's catalog (with --to-lake)")
+    compact.add_argument("--lake-warehouse", metavar="LOCATION", default=None,
+                         help="the lake's warehouse (with --to-lake)")
     compact.set_defaults(func=run_compact)
 
 
@@ -24,9 +30,52 @@ def run_compact(args: argparse.Namespace) -> int:
     from forksight.monitor.collector.compact import compact_file
 
     try:
-        done = compact_file(args.db, args.run, args.keep_token_steps)
+        if args.to_lake == (args.keep_token_steps is not None):
+            raise ValueError("give one of --keep-token-steps N (thin the run's token rows) or --to-lake "
+                             "--lake-catalog URI --lake-warehouse LOCATION (move them to the lake)")
+        if args.to_lake:
+            done = compact_to_lake(args.db, args.run, args.lake_catalog, args.lake_warehouse)
+        else:
+            done = compact_file(args.db, args.run, args.keep_token_steps)
     except (RuntimeError, LookupError, FileNotFoundError, ValueError, OSError) as exc:
         print(f"forksight compact: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(done))
     return 0
+
+
+def compact_to_lake(db: str, run_id: str, uri: str | None, warehouse: str | None) -> dict:
+    """Move the run's committed token rows out of `db` (monitor/lake/move_tokens.py), then shrink the file."""
+    import os
+
+    import duckdb
+
+    from forksight.monitor.collector.compact import rewrite_file
+    from forksight.monitor.collector.dbfile import open_failure
+    from forksight.monitor.lake.catalog import open_catalog
+    from forksight.monitor.lake.move_tokens import move_tokens
+
+    if not uri or not warehouse:
+        raise ValueError("--to-lake needs --lake-catalog URI and --lake-warehouse LOCATION (those serve wrote with)")
+    if not os.path.exists(db):
+        raise FileNotFoundError(f"no DuckDB file at {db}")
+    catalog = open_catalog(uri, warehouse, check=False)     # LakeError is a RuntimeError: said by run_compact
+    size_before = os.path.getsize(db)
+    try:
+        conn = duckdb.connect(db)
+    except duckdb.Error as exc:
+        if "lock" in str(exc).lower():
+            raise RuntimeError(f"{db} is held by another process (a running `forksight serve`): stop it, "
+                               "compact, then start it again") from None
+        raise RuntimeError(open_failure(db, exc)) from None
+    try:
+        known = {r[0] for r in conn.execute("SELECT run_id FROM runs").fetchall()}
+        if run_id not in known:
+            raise LookupError(f"no run {run_id!r} in {db}; runs there: {', '.join(sorted(known)) or 'none'}")
+        done = move_tokens(conn, catalog, run_id)
+        conn.execute("CHECKPOINT")
+        rewrite_file(conn, db)
+    except BaseException:
+        conn.close()
+        raise
+    return {**done, "bytes_before": size_before, "bytes_after": os.path.getsize(db)}

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from forksight.base.limits import MAX_READ_TOKEN_ROWS
 from forksight.base.tables import ALERTS, RUNS
+from forksight.monitor.lake.move_tokens import MOVED
 from forksight.monitor.lake.run_views import build_run_db, shown_id
 from forksight.monitor.lake.schema import COLLECTOR, STEP_TABLES, identifier
 
@@ -43,6 +44,8 @@ class TieredReader:
         self._runs = pa.table({c.name: pa.array([], c.arrow) for c in RUNS.columns})
         self._alerts = pa.table({c.name: pa.array([], c.arrow) for c in ALERTS.columns})
         self._open: OrderedDict[str, tuple] = OrderedDict()
+        self._moved_steps: dict[str, set[int]] | None = None
+        self._moved_rows: dict[str, dict[int, int]] = {}
         self.error: str | None = None           # the catalog's last failure (pages show the file's runs)
 
     # -- the lake's index of runs and alerts
@@ -94,28 +97,59 @@ class TieredReader:
         self._index()
         with self._lock:
             found = self._lake.get(run_id)
-            if found is None:
-                return None
-            entry = self._open.get(run_id)
-            if entry is not None:
-                self._open.move_to_end(run_id)
+        if found is None:
+            return None
         collector, lake_id, row = found
-        alerts = self._alerts.filter(pc.equal(self._alerts["run_id"], run_id))
+        return self._open_run(run_id, collector, lake_id, row,
+                              self._alerts.filter(pc.equal(self._alerts["run_id"], run_id)))
+
+    def _open_run(self, key: str, collector: str, lake_id: str, row: dict, alerts: pa.Table):
+        """The cached per-run Reader under `key`, re-planned when older than refresh_s and the lake's
+        tables (or the run's row or alerts) moved on; at most open_runs kept, least recent dropped."""
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is not None:
+                self._open.move_to_end(key)
         stamp = (row.get("heartbeat"), row.get("status"), alerts.num_rows)
         if entry is not None and time.monotonic() - entry[2] < self.refresh_s:
             return entry[0]
         with self._build:
             if entry is not None and entry[3] == stamp and self._snapshots() == entry[1]:
                 with self._lock:
-                    self._open[run_id] = (entry[0], entry[1], time.monotonic(), stamp)
+                    self._open[key] = (entry[0], entry[1], time.monotonic(), stamp)
                 return entry[0]
             reader, snaps = build_run_db(self.catalog, collector, lake_id, row, alerts, self.open_reader)
             with self._lock:
-                self._open[run_id] = (reader, snaps, time.monotonic(), stamp)
-                self._open.move_to_end(run_id)
+                self._open[key] = (reader, snaps, time.monotonic(), stamp)
+                self._open.move_to_end(key)
                 while len(self._open) > self.open_runs:
                     self._open.popitem(last=False)
         return reader
+
+    # -- token steps `compact --to-lake` moved out of the file (this collector's own runs)
+    def _moved(self, run_id: str) -> set[int]:
+        """Steps of a run in the file whose token rows live only in the lake (lake_token_steps)."""
+        if self._moved_steps is None:           # the file changes only while serve is stopped: read once
+            cur = self.store.read_cursor()
+            try:
+                has = cur.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
+                                  [MOVED]).fetchall()[0][0]
+                rows = cur.execute(f"SELECT run_id, step, rows FROM {MOVED}").fetchall() if has else []
+            finally:
+                cur.close()
+            moved: dict[str, dict[int, int]] = {}
+            for rid, step, n in rows:
+                moved.setdefault(rid, {})[int(step)] = int(n)
+            self._moved_rows = moved
+            self._moved_steps = {rid: set(steps) for rid, steps in moved.items()}
+        return self._moved_steps.get(run_id, set())
+
+    def _own_lake(self, run_id: str):
+        """The lake Reader of this collector's run `run_id` (its moved token steps), under its shown id."""
+        row = self.local.run(run_id) or {"run_id": run_id}
+        row = dict(row, config=None)
+        empty = self._alerts.slice(0, 0)
+        return self._open_run("own:" + run_id, self.own, run_id, row, empty), shown_id(run_id, self.own)
 
     def _snapshots(self) -> dict[str, int | None]:
         out = {}
@@ -227,11 +261,28 @@ class TieredReader:
 
     def read_token_history(self, run_id: str, steps: Sequence[int], metric: str | Sequence[str],
                            prompt: str | None = None, per_step: int = 20_000) -> pd.DataFrame:
-        return self._of(run_id).read_token_history(run_id, steps, metric, prompt=prompt, per_step=per_step)
+        reader = self._of(run_id)
+        moved = self._moved(run_id) if reader is self.local else set()
+        here = [s for s in steps if int(s) not in moved]
+        df = reader.read_token_history(run_id, here, metric, prompt=prompt, per_step=per_step)
+        there = [s for s in steps if int(s) in moved]
+        if not there:
+            return df
+        import pandas as pd
+
+        lake, shown = self._own_lake(run_id)
+        far = lake.read_token_history(shown, there, metric, prompt=prompt, per_step=per_step)
+        # each part is ordered by (step, rank, sample, pos): a stable sort by step keeps that order
+        return pd.concat([p for p in (df, far) if len(p)] or [df], ignore_index=True) \
+            .sort_values("step", kind="stable").reset_index(drop=True)
 
     def read_tokens(self, run_id: str, step: int, sample_id: int | None = None,
                     limit: int = MAX_READ_TOKEN_ROWS) -> pd.DataFrame:
-        return self._of(run_id).read_tokens(run_id, step, sample_id, limit=limit)
+        reader = self._of(run_id)
+        if reader is self.local and int(step) in self._moved(run_id):
+            lake, shown = self._own_lake(run_id)
+            return lake.read_tokens(shown, step, sample_id, limit=limit)
+        return reader.read_tokens(run_id, step, sample_id, limit=limit)
 
     def read_samples(self, run_id: str, step: int | None = None, group_id: int | None = None,
                      limit: int = 10_000) -> pd.DataFrame:
@@ -241,4 +292,9 @@ class TieredReader:
         return self._of(run_id).run_progress(run_id)
 
     def row_counts(self, run_id: str) -> dict[str, int]:
-        return self._of(run_id).row_counts(run_id)
+        reader = self._of(run_id)
+        counts = reader.row_counts(run_id)
+        if reader is self.local and self._moved(run_id):     # the moved rows count where they live now
+            lake, shown = self._own_lake(run_id)
+            counts["tokens"] += sum(self._moved_rows.get(run_id, {}).values())
+        return counts
