@@ -113,6 +113,22 @@ def test_every_page_of_a_lake_only_run_draws_its_rows(served, page):
     assert page.errors == []
 
 
-def test_the_api_still_serves_this_collectors_own_runs(served):
-    srv = served[0]
-    assert {r["run_id"] for r in httpx.get(srv.url + "/api/runs").json()} == {"a"}
+def test_the_read_routes_serve_a_lake_only_run_as_its_own_collector_stores_it(served):
+    srv, _, b = served
+    assert {r["run_id"] for r in httpx.get(srv.url + "/api/runs").json()} == {"a", THEIRS}
+    got = httpx.get(f"{srv.url}/api/runs/{THEIRS}/scalars", params={"keys": "reward/mean"}).json()
+    assert [(r["step"], r["value"]) for r in got] == [(s, s * 0.25) for s in range(60)]    # as sent
+    # one step's token rows paged by the keyset cursor (7 a page) equal box-b's rows, in order
+    rows, cursor = [], None
+    while True:
+        r = httpx.get(f"{srv.url}/api/runs/{THEIRS}/tokens", params={"step": 40, "limit": 7,
+                                                                    **({"cursor": cursor} if cursor else {})})
+        assert r.status_code == 200 and r.headers["X-Total-Count"] == "30", r.text
+        rows += r.json()
+        cursor = r.headers.get("X-Next-Cursor")
+        if cursor is None:
+            break
+    own = b.reader.read_tokens("b", 40)
+    assert [(t["sample_id"], t["pos"], t["token"], t["logp"]) for t in rows] == \
+        list(zip(own["sample_id"], own["pos"], own["token"], own["logp"].astype(float)))
+    assert httpx.get(f"{srv.url}/api/runs/zz@box-b/scalars").status_code == 404

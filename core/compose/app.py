@@ -23,15 +23,16 @@ log = logging.getLogger("forksight.compose.app")
 def create_app(store: Store, *, token: str | None = None, dashboard: bool = True, hub: AlertHub | None = None,
                lake=None) -> FastAPI:
     """The collector app over `store`: /api routes first, the Dash dashboard at /, all behind the guard.
-    lake: the lake's committer (--lake-catalog): the dashboard then reads every run of the lake too."""
-    app = create_api(store, hub=hub)      # hub: the AlertHub (None: the environment's defaults)
-    if dashboard:
-        if lake is not None:
-            from forksight.compose.lake_reads import tiered_reader
+    lake: the lake's committer (--lake-catalog): the dashboard and the read routes then read every run of
+    the lake too."""
+    reader = None
+    if lake is not None:
+        from forksight.compose.lake_reads import tiered_reader
 
-            _mount_dashboard(app, tiered_reader(store, lake))
-        else:
-            _mount_dashboard(app, store.reader)
+        reader = tiered_reader(store, lake)
+    app = create_api(store, hub=hub, reader=reader)      # hub: the AlertHub (None: the environment's defaults)
+    if dashboard:
+        _mount_dashboard(app, reader or store.reader)
     app.add_middleware(GuardMiddleware, token=token)
     return app
 

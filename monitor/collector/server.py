@@ -71,10 +71,11 @@ async def arrow_body(request: Request) -> bytes:
 
 
 # ---------------------------------------------------------------------------- routes
-def create_api(store: Store, *, hub=None) -> FastAPI:
+def create_api(store: Store, *, hub=None, reader=None) -> FastAPI:
     """The collector's API over `store` (no guard, no dashboard: forksight/app.py adds those).
 
     hub: the AlertHub that judges ingested steps (None: one from the environment's defaults).
+    reader: what the read routes read (None: the file's; a tiered reader over the file and the lake).
     """
     # Swagger UI and ReDoc served from the package's own copies: /docs works offline
     app = FastAPIOffline(title="forksight collector", version="0.1.0",
@@ -151,7 +152,9 @@ def create_api(store: Store, *, hub=None) -> FastAPI:
             raise ApiError(404, f"{exc}; rank 0 creates it (POST /api/runs without join)") from None
         return {"run_id": run_id}
 
-    app.include_router(read_routes(store.reader, ingester.has_run))
+    # reader: a tiered reader over the file and the lake (--lake-catalog); its runs are known to it
+    known = ingester.has_run if reader is None else (lambda run_id: ingester.has_run(run_id) or reader.has_run(run_id))
+    app.include_router(read_routes(reader or store.reader, known))
 
     @app.patch("/api/runs/{run_id}")
     def update_run(run_id: str, body: RunUpdate) -> dict:

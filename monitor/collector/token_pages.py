@@ -29,7 +29,11 @@ def parse_cursor(cursor: str | None) -> tuple[int, int, int, int] | None:
 
 def read_token_page(reader, run_id: str, step: int, sample_id: int | None, limit: int,
                     after: tuple[int, int, int, int] | None) -> tuple[pa.Table, int, str | None]:
-    """(rows of this page, rows of the step (and sample) in all, cursor of the next page or None)."""
+    """(rows of this page, rows of the step (and sample) in all, cursor of the next page or None).
+    A tiered reader (docs/lake.md, Reads) names the Reader that holds the step's rows."""
+    holder = getattr(reader, "holder_of", None)
+    if holder is not None:
+        reader, run_id = holder(run_id, step)
     cols = ", ".join(n for n in TOKENS.names if n != "run_id")
     where, params = "run_id = ? AND step = ?", [run_id, int(step)]
     if sample_id is not None:

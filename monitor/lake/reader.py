@@ -164,6 +164,14 @@ class TieredReader:
             return self.local
         return self._lake_reader(run_id) or self.local
 
+    def holder_of(self, run_id: str, step: int) -> tuple:
+        """(the Reader holding `step`'s token rows of `run_id`, the id it knows the run by): what
+        the token page route reads its keyset pages from."""
+        reader = self._of(run_id)
+        if reader is self.local and int(step) in self._moved(run_id):
+            return self._own_lake(run_id)
+        return reader, run_id
+
     # -- several runs: the file's and the lake's rows in one small in-memory DuckDB, the same SQL
     def _fleet(self):
         import duckdb
@@ -278,11 +286,8 @@ class TieredReader:
 
     def read_tokens(self, run_id: str, step: int, sample_id: int | None = None,
                     limit: int = MAX_READ_TOKEN_ROWS) -> pd.DataFrame:
-        reader = self._of(run_id)
-        if reader is self.local and int(step) in self._moved(run_id):
-            lake, shown = self._own_lake(run_id)
-            return lake.read_tokens(shown, step, sample_id, limit=limit)
-        return reader.read_tokens(run_id, step, sample_id, limit=limit)
+        reader, rid = self.holder_of(run_id, step)
+        return reader.read_tokens(rid, step, sample_id, limit=limit)
 
     def read_samples(self, run_id: str, step: int | None = None, group_id: int | None = None,
                      limit: int = 10_000) -> pd.DataFrame:

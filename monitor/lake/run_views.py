@@ -13,6 +13,7 @@ from forksight.base.tables import (
 )
 from forksight.monitor.lake.schema import COLLECTOR, STEP_TABLES, identifier
 
+ROWID_SQL = "(hash(filename) % 4194304)::BIGINT * 1099511627776 + file_row_number"   # 2^22 files x 2^40 rows
 SHOWN_SEP = "@"      # a lake-only run is shown as '<run_id>@<collector>' (and named '<name>@<collector>')
 
 
@@ -90,9 +91,13 @@ def build_run_db(catalog, collector: str, run_id: str, run_row: dict, alerts: pa
         elif not files:
             conn.execute(TABLES[spec.name].ddl())
         else:
-            source = f"read_parquet([{', '.join(_literal(f) for f in files)}], union_by_name = true)"
+            source = f"read_parquet([{', '.join(_literal(f) for f in files)}], union_by_name = true" \
+                     f"{', filename = true, file_row_number = true' if spec.name == 'tokens' else ''})"
             have = {r[0] for r in conn.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
-            conn.execute(f"CREATE VIEW {spec.name} AS SELECT {_columns_sql(spec, have, shown)} "
+            # tokens: a `rowid` as a table has (the token page's keyset cursor breaks ties with it):
+            # the file (hashed) and the row's number in it, unique within the run's files
+            extra = f", {ROWID_SQL} AS rowid" if spec.name == "tokens" else ""
+            conn.execute(f"CREATE VIEW {spec.name} AS SELECT {_columns_sql(spec, have, shown)}{extra} "
                          f"FROM {source} WHERE {where}")
     row = {c: run_row.get(c) for c in RUNS.names} | {"run_id": shown}
     if row.get("name") is not None:
