@@ -76,6 +76,7 @@ def build_run_db(catalog, collector: str, run_id: str, run_row: dict, alerts: pa
 
     shown = shown_id(run_id, collector)
     conn = duckdb.connect(":memory:")
+    conn.execute("SET parquet_metadata_cache = true")    # the files never change: read each footer once
     for spec in (RUNS, ALERTS, TOKEN_STEPS, SCALAR_KEYS, SCALAR_ROLLUPS, HISTOGRAM_ROLLUPS):
         conn.execute(spec.ddl())
     snaps = {}
