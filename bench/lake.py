@@ -2,9 +2,10 @@
 
 Prints one JSON object (progress on stderr). Every ratio compares two things measured in this run:
   ingest            the same steps (scalars, histogram, samples, --tokens token rows each) written by
-                    Store.write into a plain DuckDB file and into one with the lake attached (the outbox
-                    filled in the write's transaction, the committer committing beside it), interleaved
-                    --repeats times: rows/s of each and lake_over_plain (target: ~1, never slowed)
+                    Store.write into a plain DuckDB file, into one with only the outbox attached (filled
+                    in the write's transaction, no committer) and into one with the lake (outbox and the
+                    committer committing beside it), interleaved --repeats times: rows/s of each, the
+                    ratios lake/plain, outbox/plain and committer running/not (target: never slowed)
   commit            token rows/s into the lake: all token rows over the time from the first write until
                     the committer's last commit (the backlog at 0), beside DuckDB's own rate; the lake's
                   token rows (from its file list) must equal those written
@@ -170,6 +171,7 @@ def main() -> int:
 
     from forksight.monitor.lake.catalog import open_catalog
     from forksight.monitor.lake.maintenance import run_maintenance
+    from forksight.monitor.lake.outbox import Outbox
     from forksight.monitor.lake.service import DEFAULT_COMMIT_ROWS, start_lake
 
     commit_rows = args.commit_rows or DEFAULT_COMMIT_ROWS
@@ -180,12 +182,16 @@ def main() -> int:
     data = make_steps(args.runs, args.steps, args.tokens)
     token_rows = args.runs * args.steps * args.tokens
     try:
-        plain_s, lake_s, commit_s = [], [], []
+        plain_s, outbox_s, lake_s, commit_s = [], [], [], []
         for rep in range(args.repeats):
-            say(f"ingest pair {rep + 1}/{args.repeats}: plain")
+            say(f"ingest round {rep + 1}/{args.repeats}: plain")
             with Store(str(root / f"plain{rep}.duckdb")) as store:
                 plain_s.append(ingest(store, data)[1])
-            say(f"ingest pair {rep + 1}/{args.repeats}: with the lake")
+            say(f"ingest round {rep + 1}/{args.repeats}: outbox filled, no committer")
+            with Store(str(root / f"outbox{rep}.duckdb")) as store:
+                store.lake_outbox = Outbox(store, COLLECTOR)      # what start_lake attaches, minus the thread
+                outbox_s.append(ingest(store, data)[1])
+            say(f"ingest round {rep + 1}/{args.repeats}: with the lake (outbox and committer)")
             uri, wh = f"sqlite:///{root}/catalog{rep}.db", str(root / f"wh{rep}")
             catalog = open_catalog(uri, wh)
             store = Store(str(root / f"lake{rep}.duckdb"))
@@ -201,7 +207,7 @@ def main() -> int:
             committer.stop(timeout=600)
             if rep < args.repeats - 1:
                 store.close()
-        plain, lake = float(np.median(plain_s)), float(np.median(lake_s))
+        plain, lake, outbox = float(np.median(plain_s)), float(np.median(lake_s)), float(np.median(outbox_s))
         report = {
             "scale": {"runs": args.runs, "steps_per_run": args.steps, "token_rows_per_step": args.tokens,
                       "token_rows": token_rows, "issue_scale": "1000 runs x 1000 steps x 1000 token rows",
@@ -209,8 +215,13 @@ def main() -> int:
                       "warehouse": "local directory"},
             "ingest": {"plain_token_rows_per_s": round(token_rows / plain, 1),
                        "with_lake_token_rows_per_s": round(token_rows / lake, 1),
-                       "lake_over_plain_rate": round(plain / lake, 3), "repeats": args.repeats,
-                       "plain_s": [round(s, 2) for s in plain_s], "with_lake_s": [round(s, 2) for s in lake_s]},
+                       "outbox_only_token_rows_per_s": round(token_rows / outbox, 1),
+                       "lake_over_plain_rate": round(plain / lake, 3),
+                       # the outbox's own cost (rows written twice) and the committer's (same outbox, its thread running)
+                       "outbox_only_over_plain_rate": round(plain / outbox, 3),
+                       "committer_running_over_not_rate": round(outbox / lake, 3), "repeats": args.repeats,
+                       "plain_s": [round(s, 2) for s in plain_s], "outbox_only_s": [round(s, 2) for s in outbox_s],
+                       "with_lake_s": [round(s, 2) for s in lake_s]},
             "commit": {"lake_token_rows_per_s": round(token_rows / float(np.median(commit_s)), 1),
                        "duckdb_token_rows_per_s": round(token_rows / plain, 1),
                        "lake_over_duckdb_rate": round(plain / float(np.median(commit_s)), 3),
