@@ -45,6 +45,7 @@ class TaskSpec:
     steps: int
     eval_every: int
     about: str
+    flags: tuple[str, ...] = ()
 
 
 TASKS: dict[str, TaskSpec] = {
@@ -52,7 +53,10 @@ TASKS: dict[str, TaskSpec] = {
                          "the demo's preset: worked addition, RL on 4 problems (graded reward), held-out eval "
                          "on problems outside the pool"),
     "arith": TaskSpec("healthy", PRESETS["healthy"]["steps"], 25,
-                      "the healthy preset: two-digit addition, a fresh problem every step"),
+                      "the healthy preset: two-digit addition, a fresh problem every step",
+                      # the preset's 180 s warm-up budget ran out at pass@1 0.0 on 2 busy cores (measured):
+                      # the warm start would depend on the machine's load; 900 s as readable has
+                      ("--warmup-max-seconds", "900")),
 }
 LR_FACTORS = (1 / 3, 1.0, 3.0)
 SEEDS = (0, 1, 2)
@@ -86,7 +90,7 @@ def command(cell: Cell, work: Path, steps: int, eval_every: int, threads: int, q
     db = work / f"{cell.name}.duckdb"
     return [f"OMP_NUM_THREADS={threads}", "forksight", "train", "--preset", spec.preset,
             "--strategy", cell.strategy, "--lr", f"{cell.lr:g}", "--seed", str(cell.seed),
-            "--steps", str(steps), "--eval-every", str(eval_every), *(QUICK_FLAGS if quick else ()),
+            "--steps", str(steps), "--eval-every", str(eval_every), *spec.flags, *(QUICK_FLAGS if quick else ()),
             "--db", str(db), "--run", cell.name, "--out-dir", str(work / "runs"), "--no-progress"]
 
 
@@ -113,6 +117,24 @@ def execute(argv: list[str], log: Path) -> None:
         raise RuntimeError(f"`{shlex.join(argv)}` exited {done.returncode}; log {log}:\n{tail}")
 
 
+def warmup_info(task: str, seed: int, base: Path | None = None) -> dict | None:
+    """The cached warm-up a cell of this task and seed started from: whether it reached its
+    target pass@1 within its time budget (a run that did not starts from a weaker model)."""
+    from forksight.trainer.config import load_config
+    from forksight.trainer.model import build_tiny
+    from forksight.trainer.tasks import make_task
+    from forksight.trainer.warmup import warm_path
+
+    cfg = load_config(preset=TASKS[task].preset)
+    spec = make_task(cfg.task, level=cfg.level, reverse=cfg.reverse, graded=cfg.graded)
+    info = warm_path(base or build_tiny(), spec, cfg.warmup_pass, cfg.warmup_loss, seed) / "warmup.json"
+    if not info.exists():
+        return None
+    data = json.loads(info.read_text())
+    return {"warmup_reached": bool(data.get("reached")), "warmup_pass1": data.get("pass@1"),
+            "warmup_seconds": data.get("seconds")}
+
+
 def read_cell(db: Path, run: str) -> dict:
     """Figures of the run named `run` in its DuckDB file."""
     from forksight.monitor.collector.store import Store
@@ -135,7 +157,7 @@ def run_cell(cell: Cell, work: Path, steps: int, eval_every: int, threads: int, 
     if result.exists():
         return json.loads(result.read_text())
     db = work / f"{cell.name}.duckdb"
-    for stale in (db, db.with_suffix(".duckdb.wal")):  # an interrupted attempt: start it clean
+    for stale in (db, *(db.with_suffix(f".duckdb.{x}") for x in ("wal", "rows"))):  # an interrupted attempt
         stale.unlink(missing_ok=True)
     shutil.rmtree(work / "runs" / cell.name, ignore_errors=True)
     argv = command(cell, work, steps, eval_every, threads, quick)
@@ -144,6 +166,12 @@ def run_cell(cell: Cell, work: Path, steps: int, eval_every: int, threads: int, 
     record = {"task": cell.task, "strategy": cell.strategy, "lr": cell.lr, "seed": cell.seed,
               "command": shlex.join(argv), "seconds": round(time.perf_counter() - started, 1),
               **read_cell(db, cell.name)}
+    if not quick:  # --quick trains from the un-warmed model
+        record.update(warmup_info(cell.task, cell.seed) or {"warmup_reached": None})
+        if record["warmup_reached"] is False:
+            print(f"bench/strategies: WARNING {cell.name} started from a warm-up that stopped at pass@1 "
+                  f"{record['warmup_pass1']} short of its target (time budget): delete that cache entry "
+                  "and rerun the cell on a less loaded machine", file=sys.stderr, flush=True)
     tmp = result.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1))
     tmp.replace(result)  # written last: a result file means a finished, read cell
@@ -245,7 +273,7 @@ def main(argv: list[str] | None = None) -> dict:
         "meta": {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "machine": {"node": platform.node(), "cpus": os.cpu_count(), "processor": platform.processor(),
                              "python": platform.python_version()},
-                 "commit": _commit(), "quick": args.quick, "tasks": {t: vars(TASKS[t]) for t in args.tasks},
+                 "commit": _commit(), "quick": args.quick, "tasks": {t: {**vars(TASKS[t]), "flags": list(TASKS[t].flags)} for t in args.tasks},
                  "steps": steps, "eval_every": every, "grid": {"strategies": strategies, "lrs": lrs, "seeds": seeds},
                  "rule": RULE, "interval": f"95% percentile bootstrap over seeds, {args.resamples} resamples "
                  f"(numpy, seed 0); with {len(seeds)} seeds it is coarse (few distinct resample means)",

@@ -218,6 +218,33 @@ def test_default_grid_is_each_presets_lr_times_a_third_one_three():
     assert strategies.default_lrs("arith") == [0.0001, 0.0003, 0.0009]
 
 
+def test_a_cell_records_whether_its_warm_up_reached_the_target(tmp_path, monkeypatch):
+    from forksight.trainer.config import load_config
+    from forksight.trainer.warmup import warm_path
+
+    monkeypatch.setenv("FORKSIGHT_HOME", str(tmp_path / "home"))
+    base = tmp_path / "model"
+    assert strategies.warmup_info("arith", 2, base) is None  # never warmed up
+    cfg = load_config(preset="healthy")
+    out = warm_path(base, make_task("arith", level=cfg.level, reverse=cfg.reverse), cfg.warmup_pass, "ce", 2)
+    out.mkdir(parents=True)
+    (out / "warmup.json").write_text(json.dumps({"pass@1": 0.0, "seconds": 184.7, "reached": False}))
+    assert strategies.warmup_info("arith", 2, base) == {"warmup_reached": False, "warmup_pass1": 0.0,
+                                                         "warmup_seconds": 184.7}
+    assert strategies.warmup_info("arith", 1, base) is None  # another seed's warm-up is its own
+
+
+def test_arith_cells_give_the_warm_up_the_time_readable_has():
+    argv = strategies.command(strategies.Cell("arith", "all", 3e-4, 0), Path("w"), 200, 25, 1, False)
+    assert argv[argv.index("--warmup-max-seconds") + 1] == str(int(load_readable_budget()))
+
+
+def load_readable_budget() -> float:
+    from forksight.trainer.config import PRESETS
+
+    return PRESETS["readable"]["warmup_max_seconds"]
+
+
 @pytest.mark.slow
 def test_quick_sweep_end_to_end_resumes_and_its_commands_rerun_to_the_same_figures(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out.json"
