@@ -17,7 +17,7 @@ from forksight.base.limits import MAX_READ_TOKEN_ROWS
 from forksight.base.tables import ALERTS, RUNS
 from forksight.monitor.lake.move_tokens import MOVED
 from forksight.monitor.lake.run_views import build_run_db, shown_id
-from forksight.monitor.lake.schema import COLLECTOR, STEP_TABLES, identifier
+from forksight.monitor.lake.schema import COLLECTOR, identifier
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -114,7 +114,7 @@ class TieredReader:
         if entry is not None and time.monotonic() - entry[2] < self.refresh_s:
             return entry[0]
         with self._build:
-            if entry is not None and entry[3] == stamp and self._snapshots() == entry[1]:
+            if entry is not None and entry[3] == stamp and self._snapshots(list(entry[1])) == dict(entry[1]):
                 with self._lock:
                     self._open[key] = (entry[0], entry[1], time.monotonic(), stamp)
                 return entry[0]
@@ -151,11 +151,12 @@ class TieredReader:
         empty = self._alerts.slice(0, 0)
         return self._open_run("own:" + run_id, self.own, run_id, row, empty), shown_id(run_id, self.own)
 
-    def _snapshots(self) -> dict[str, int | None]:
+    def _snapshots(self, names) -> dict[str, int | None]:
+        """The current snapshot of each step table in `names` (those a lake run has opened so far)."""
         out = {}
-        for spec in STEP_TABLES:
-            snap = self.catalog.load_table(identifier(spec.name)).current_snapshot()
-            out[spec.name] = snap.snapshot_id if snap else None
+        for name in names:
+            snap = self.catalog.load_table(identifier(name)).current_snapshot()
+            out[name] = snap.snapshot_id if snap else None
         return out
 
     def _of(self, run_id: str):

@@ -1,9 +1,11 @@
 """One lake-only run as a small DuckDB database the collector's own Reader SQL runs over: its step
 tables are views over the Parquet data files an Iceberg scan plan lists for (collector, run_id), so a
 read loads only the columns and row groups it asks for; its runs row, alerts and the writer's indexes
-(token_steps, scalar_keys) are small tables filled once. The run's id inside is the id shown to users."""
+(token_steps, scalar_keys) are small tables filled when their table is first read (RunDb). The run's
+id inside is the id shown to users."""
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import pyarrow as pa
@@ -67,52 +69,90 @@ def _columns_sql(spec, have: set[str], shown: str) -> str:
     return ", ".join(out)
 
 
+def _table_sql(conn, catalog, spec, collector: str, run_id: str, shown: str) -> int | None:
+    """Create `spec`'s table in conn: a view over the run's planned Parquet files (or the rows read
+    through pyiceberg); the snapshot planned."""
+    files, snap = plan_files(catalog, spec.name, collector, run_id)
+    where = f"{COLLECTOR} = {_literal(collector)} AND run_id = {_literal(run_id)}"
+    if files is None:        # delete files or an object store: read through pyiceberg (bounded by the run)
+        data = _scan_arrow(catalog, spec.name, collector, run_id)
+        conn.register(f"_lake_{spec.name}", data)
+        conn.execute(f"CREATE TABLE {spec.name} AS SELECT {_columns_sql(spec, set(data.column_names), shown)} "
+                     f"FROM _lake_{spec.name}")
+        conn.unregister(f"_lake_{spec.name}")
+    elif not files:
+        conn.execute(TABLES[spec.name].ddl())
+    else:
+        source = f"read_parquet([{', '.join(_literal(f) for f in files)}], union_by_name = true" \
+                 f"{', filename = true, file_row_number = true' if spec.name == 'tokens' else ''})"
+        have = {r[0] for r in conn.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+        # tokens: a `rowid` as a table has (the token page's keyset cursor breaks ties with it):
+        # the file (hashed) and the row's number in it, unique within the run's files
+        extra = f", {ROWID_SQL} AS rowid" if spec.name == "tokens" else ""
+        conn.execute(f"CREATE VIEW {spec.name} AS SELECT {_columns_sql(spec, have, shown)}{extra} "
+                     f"FROM {source} WHERE {where}")
+    return snap
+
+
+class RunDb:
+    """One lake run's in-memory DuckDB, built per table on first need: a page that reads the tokens
+    of one step plans and opens only `tokens` (and `scalars` for the run's step span), never the
+    rollups of series it does not draw. `snaps`: the snapshot each built table was planned at."""
+
+    def __init__(self, catalog, collector: str, run_id: str, run_row: dict, alerts: pa.Table,
+                 open_reader: Callable):
+        import duckdb
+
+        self.catalog, self.collector, self.run_id = catalog, collector, run_id
+        self.shown, self.open_reader = shown_id(run_id, collector), open_reader
+        self.snaps: dict[str, int | None] = {}
+        self._rollups = False
+        self._lock = threading.Lock()
+        conn = self.conn = duckdb.connect(":memory:")
+        conn.execute("SET parquet_metadata_cache = true")    # the files never change: read each footer once
+        for spec in (RUNS, ALERTS, TOKEN_STEPS, SCALAR_KEYS, SCALAR_ROLLUPS, HISTOGRAM_ROLLUPS):
+            conn.execute(spec.ddl())
+        row = {c: run_row.get(c) for c in RUNS.names} | {"run_id": self.shown}
+        if row.get("name") is not None:
+            row["name"] = shown_id(row["name"], collector)
+        conn.execute(f"INSERT INTO runs ({', '.join(RUNS.names)}) VALUES ({', '.join('?' * len(RUNS.names))})",
+                     [row[c] for c in RUNS.names])
+        if alerts.num_rows:
+            conn.register("_lake_alerts", alerts)
+            conn.execute("INSERT INTO alerts BY NAME SELECT * FROM _lake_alerts")   # shown ids already
+            conn.unregister("_lake_alerts")
+        self.reader = open_reader(conn, rollups=False)
+
+    def ensure(self, tables, rollups: bool = False) -> None:
+        """Plan and open `tables` (step table names) not opened yet; rollups: also build the rollups
+        (they read scalars and histograms)."""
+        if rollups:
+            tables = {*tables, "scalars", "histograms"}
+        with self._lock:
+            for spec in STEP_TABLES:
+                if spec.name not in tables or spec.name in self.snaps:
+                    continue
+                self.snaps[spec.name] = _table_sql(self.conn, self.catalog, spec, self.collector,
+                                                   self.run_id, self.shown)
+                # the writer's indexes, from the rows (a scan of one column)
+                if spec.name == "tokens":
+                    self.conn.execute("INSERT INTO token_steps SELECT DISTINCT run_id, step FROM tokens")
+                elif spec.name == "scalars":
+                    self.conn.execute("INSERT INTO scalar_keys SELECT DISTINCT run_id, key FROM scalars")
+                    # the span of the scalars this plan holds (the lake's runs row is synced apart, may lag)
+                    self.conn.execute("UPDATE runs SET first_step = (SELECT min(step) FROM scalars), "
+                                      "last_step = (SELECT max(step) FROM scalars)")
+            if rollups and not self._rollups:
+                self.open_reader(self.conn)          # the roof's rollup builder (its Reader is dropped)
+                self._rollups = True
+
+
 def build_run_db(catalog, collector: str, run_id: str, run_row: dict, alerts: pa.Table,
                  open_reader: Callable):
-    """(a Reader over an in-memory DuckDB holding one lake run, the snapshots it was planned at);
-    alerts: the run's, already under its shown id.
-    open_reader(conn) -> Reader is the roof's: it builds the rollups and wraps conn in the Reader."""
-    import duckdb
+    """(a Reader over one lake run, the snapshots of the tables it planned so far: a live dict);
+    alerts: the run's, already under its shown id. Tables are planned on first need (RunDb).
+    open_reader(conn, rollups=) -> Reader is the roof's: it builds the rollups and wraps conn."""
+    from forksight.monitor.lake.lazy_run import LazyRunReader
 
-    shown = shown_id(run_id, collector)
-    conn = duckdb.connect(":memory:")
-    conn.execute("SET parquet_metadata_cache = true")    # the files never change: read each footer once
-    for spec in (RUNS, ALERTS, TOKEN_STEPS, SCALAR_KEYS, SCALAR_ROLLUPS, HISTOGRAM_ROLLUPS):
-        conn.execute(spec.ddl())
-    snaps = {}
-    for spec in STEP_TABLES:
-        files, snaps[spec.name] = plan_files(catalog, spec.name, collector, run_id)
-        where = f"{COLLECTOR} = {_literal(collector)} AND run_id = {_literal(run_id)}"
-        if files is None:        # delete files or an object store: read through pyiceberg (bounded by the run)
-            data = _scan_arrow(catalog, spec.name, collector, run_id)
-            conn.register(f"_lake_{spec.name}", data)
-            conn.execute(f"CREATE TABLE {spec.name} AS SELECT {_columns_sql(spec, set(data.column_names), shown)} "
-                         f"FROM _lake_{spec.name}")
-            conn.unregister(f"_lake_{spec.name}")
-        elif not files:
-            conn.execute(TABLES[spec.name].ddl())
-        else:
-            source = f"read_parquet([{', '.join(_literal(f) for f in files)}], union_by_name = true" \
-                     f"{', filename = true, file_row_number = true' if spec.name == 'tokens' else ''})"
-            have = {r[0] for r in conn.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
-            # tokens: a `rowid` as a table has (the token page's keyset cursor breaks ties with it):
-            # the file (hashed) and the row's number in it, unique within the run's files
-            extra = f", {ROWID_SQL} AS rowid" if spec.name == "tokens" else ""
-            conn.execute(f"CREATE VIEW {spec.name} AS SELECT {_columns_sql(spec, have, shown)}{extra} "
-                         f"FROM {source} WHERE {where}")
-    row = {c: run_row.get(c) for c in RUNS.names} | {"run_id": shown}
-    if row.get("name") is not None:
-        row["name"] = shown_id(row["name"], collector)
-    conn.execute(f"INSERT INTO runs ({', '.join(RUNS.names)}) VALUES ({', '.join('?' * len(RUNS.names))})",
-                 [row[c] for c in RUNS.names])
-    if alerts.num_rows:
-        conn.register("_lake_alerts", alerts)
-        conn.execute("INSERT INTO alerts BY NAME SELECT * FROM _lake_alerts")   # shown ids already
-        conn.unregister("_lake_alerts")
-    # the writer's indexes, from the rows (a scan of one column each)
-    conn.execute("INSERT INTO token_steps SELECT DISTINCT run_id, step FROM tokens")
-    conn.execute("INSERT INTO scalar_keys SELECT DISTINCT run_id, key FROM scalars")
-    # the span of the scalars this plan holds (the lake's runs row is synced apart and may lag them)
-    conn.execute("UPDATE runs SET first_step = (SELECT min(step) FROM scalars), "
-                 "last_step = (SELECT max(step) FROM scalars)")
-    return open_reader(conn), snaps
+    db = RunDb(catalog, collector, run_id, run_row, alerts, open_reader)
+    return LazyRunReader(db), db.snaps

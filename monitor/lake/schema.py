@@ -11,6 +11,10 @@ from forksight.monitor.lake.errors import LakeError
 
 NAMESPACE = "forksight"
 COLLECTOR = "collector"            # the one column the lake adds
+# rows per Parquet row group of a step table (pyiceberg's default is 1M): with rows in step order,
+# a read of one step decodes the few groups whose step range holds it, not the whole file
+ROW_GROUP_ROWS = 16_384
+ROW_GROUP_PROP = "write.parquet.row-group-limit"
 STEP_BLOCK = 1000                  # steps per partition: a read of a step range touches its blocks only
 STEP_TABLES = (SCALARS, TOKENS, SAMPLES, HISTOGRAMS)     # appended from the outbox
 STATE_TABLES = (RUNS, ALERTS)                            # overwritten per changed run
@@ -62,8 +66,12 @@ def ensure_table(catalog, spec: Table):
     """Create the table if missing; add the spec's columns the lake lacks; LakeError naming the
     table and column when a lake column's type cannot hold the spec's."""
     schema = iceberg_schema(spec)
+    props = {ROW_GROUP_PROP: str(ROW_GROUP_ROWS)} if spec in STEP_TABLES else {}
     table = catalog.create_table_if_not_exists(identifier(spec.name), schema=schema,
-                                               partition_spec=partition_spec(spec, schema))
+                                               partition_spec=partition_spec(spec, schema), properties=props)
+    if props and ROW_GROUP_PROP not in table.properties:     # a lake created by an older forksight
+        with table.transaction() as tx:
+            tx.set_properties(props)
     current = {f.name: f for f in table.schema().fields}
     missing = []
     for column in (COLLECTOR, *spec.names):

@@ -1,0 +1,38 @@
+"""A lake run's Reader that opens only the tables each call reads (run_views.RunDb): the tokens page
+of one step plans `tokens` (and `scalars`, for the run's step span), not every table and rollup."""
+from __future__ import annotations
+
+# Reader method -> (step tables it reads, whether it reads the rollups). A method not listed opens
+# everything first (correct, only slower): a new Reader method never reads a table that is not there.
+_SPAN = ("scalars",)            # runs.last_step / first_step come from the run's scalars
+_TOKENS = ("tokens",)
+NEEDS: dict[str, tuple[tuple[str, ...], bool]] = {
+    **{m: (_SPAN, False) for m in ("run", "list_runs", "run_progress", "runs_page")},
+    **{m: ((), False) for m in ("has_run", "read_alerts", "read_alerts_page", "alert_detectors")},
+    **{m: (_TOKENS, False) for m in ("token_steps", "token_step_span", "first_token_steps",
+                                     "nearest_token_steps", "spread_token_steps", "read_tokens")},
+    "read_token_history": (("tokens", "samples"), False),
+    "read_samples": (("samples",), False),
+    **{m: (_SPAN, True) for m in ("scalar_keys", "read_scalars", "read_scalars_of_runs", "steps_scalars",
+                                  "read_histograms", "read_histogram_ends")},
+}
+_ALL = (("scalars", "histograms", "samples", "tokens"), True)
+
+
+class LazyRunReader:
+    """The collector's Reader over a RunDb: each call first opens the tables it reads."""
+
+    def __init__(self, db):
+        self.db = db
+        self.stale_after = db.reader.stale_after
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.db.reader, name)
+        if not callable(attr) or name.startswith("__"):
+            return attr
+        tables, rollups = NEEDS.get(name, _ALL)
+
+        def call(*args, **kwargs):
+            self.db.ensure(tables, rollups)
+            return attr(*args, **kwargs)
+        return call
