@@ -214,3 +214,35 @@ def test_compact_keeps_the_outbox_so_thinned_token_rows_still_reach_the_lake(tmp
         assert len(lake_rows(catalog, "tokens", "c")) == 15
     finally:
         store.close()
+
+
+def test_stop_drains_the_whole_backlog_and_says_what_a_short_timeout_left(tmp_path, caplog):
+    from forksight.monitor.lake.outbox import Outbox
+
+    uri, wh = f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh")
+    catalog = open_catalog(uri, wh)
+    store = Store(str(tmp_path / "a.duckdb"))
+    try:
+        run = store.create_run("r")
+        store.lake_outbox = outbox = Outbox(store, "c")      # filled before any committer runs
+        for b in range(6):                                    # 6 entries of 8 rows: 6 commits of 8 rows
+            rows = [{"step": b * 8 + i, "key": "k", "value": (b * 8 + i) / 3} for i in range(8)]
+            store.write(run, Records(scalars=scalars_table(rows)), f"b{b}").result()
+
+        def committer():
+            return Committer(store, outbox, catalog, uri=uri, warehouse=wh, commit_rows=8, commit_seconds=3600)
+        short = committer()
+        short._stop.set()                     # stopped before its first cycle: only the last drain runs
+        short.start()
+        with caplog.at_level(logging.WARNING, logger="forksight.lake"):
+            left = short.stop(timeout=0)      # no time: one batch, the rest is named and waits
+        assert left["scalars"] == 48 - len(lake_rows(catalog, "scalars", "c")) and 0 < left["scalars"] < 48
+        assert f"stopped with {left['scalars']} rows still in the outbox" in caplog.text
+        full = committer()
+        full._stop.set()
+        full.start()
+        assert sum(full.stop(timeout=60).values()) == 0        # one stop drains batch after batch
+        got = sorted((r["step"], r["value"]) for r in lake_rows(catalog, "scalars", "c"))
+        assert got == [(s, pytest.approx(s / 3)) for s in range(48)]      # each row once
+    finally:
+        store.close()

@@ -26,7 +26,18 @@ PROP_LO, PROP_HI = "forksight.seq-lo", "forksight.seq-hi"
 POLL_S = 0.5             # how often the outbox is looked at
 MAX_BACKOFF_S = 30.0     # a catalog that is down is asked again at most this far apart
 CONFLICT_TRIES = 8       # commit conflicts with other collectors, on top of pyiceberg's own retries
+STOP_DRAIN_S = 30.0      # stop() drains the whole backlog for at most this long
+NICE = 10                # the committer's OS priority: below ingest's (Linux: a per-thread nice)
 PAUSE_ENV = "FORKSIGHT_LAKE_PAUSE_AFTER_COMMIT"   # tests: seconds to sleep between the commit and the delete
+
+
+def _lower_priority() -> None:
+    """Run this thread (and the threads it starts: pyarrow's, pyiceberg's) at nice NICE, so the
+    commit's CPU goes to what ingest leaves; where a per-thread nice is not there, nothing changes."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+    except (AttributeError, OSError) as exc:
+        log.info("lake: the committer runs at normal priority (%s)", exc)
 
 
 def watermark_key(collector: str) -> str:
@@ -81,20 +92,32 @@ class Committer:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop after one last drain of what is waiting (what the catalog refuses waits in the file)."""
+    def stop(self, timeout: float = STOP_DRAIN_S) -> dict[str, int]:
+        """Stop after draining the whole backlog, for at most `timeout` seconds; the rows left (the
+        catalog refused, or time ran out) wait in the file for the next start and are logged."""
+        self._drain_until = time.monotonic() + timeout
         self._stop.set()
-        self._thread.join(timeout)
+        self._thread.join(timeout + 5.0)     # a commit under way when time runs out is let finish
+        left = self.health()["backlog_rows"]
+        if sum(left.values()):
+            log.warning("lake: stopped with %s rows still in the outbox (%s); they are committed at the next "
+                        "start", sum(left.values()), ", ".join(f"{k} {v}" for k, v in left.items() if v))
+        return left
 
     # -- the loop
+    _drain_until = 0.0
+
     def _loop(self) -> None:
+        _lower_priority()
         delay, backoff = 0.0, 1.0
         while not self._stop.wait(delay):
             if self._cycle_safely():
                 delay, backoff = (0.0 if self._busy else POLL_S), 1.0
             else:
                 delay, backoff = backoff * random.uniform(0.8, 1.2), min(backoff * 2, MAX_BACKOFF_S)
-        self._cycle_safely(force=True)
+        # the last drain: every table, batch after batch, until empty, failing or out of time
+        while self._cycle_safely(force=True) and self._busy and time.monotonic() < self._drain_until:
+            pass
 
     _busy = False
 
