@@ -52,6 +52,21 @@ def shown_panels(runs: Sequence[dict], panels: Sequence[str]) -> tuple[list[str]
     return shown, hidden
 
 
+def panels_to_draw(runs: Sequence[dict], panels: Sequence[str]
+                   ) -> tuple[list[str], list[str], dict | None]:
+    """(panels to draw, panels hidden, None), or the placeholder figure last while there is nothing
+    to draw: no run picked, no step yet, or every picked metric zero or unlogged."""
+    if not runs:
+        return [], [], empty_figure("select runs to compare", height=400)
+    if all(r["scalars"] is None or r["scalars"].empty for r in runs):
+        return [], [], empty_figure("waiting for the first step of these runs…", height=200)
+    shown, hidden = shown_panels(runs, panels)
+    if not shown:
+        return [], hidden, empty_figure("every picked metric is zero or not logged in these runs: "
+                                        + escape_markup(", ".join(hidden)), height=200)
+    return shown, hidden, None
+
+
 def legend_name(run: dict) -> str:
     """"grpo (all) · collapsed at step 37": the run, its strategy and its health."""
     verdict = run.get("verdict")
@@ -127,14 +142,9 @@ def compare_figure(runs: Sequence[dict], *, panels: Sequence[str] = COMPARE_PANE
     runs: dicts with run_id, label, strategy, scalars (the Reader's DataFrame) and optionally
     verdict (verdict.Verdict) and alerts (the run's alert rows).
     """
-    if not runs:
-        return empty_figure("select runs to compare", height=400)
-    if all(r["scalars"] is None or r["scalars"].empty for r in runs):
-        return empty_figure("waiting for the first step of these runs…", height=200)
-    panels, hidden = shown_panels(runs, panels)
-    if not panels:
-        return empty_figure("every picked metric is zero or not logged in these runs: "
-                            + escape_markup(", ".join(hidden)), height=200)
+    panels, hidden, placeholder = panels_to_draw(runs, panels)
+    if placeholder is not None:
+        return placeholder
     dashes = ("solid", "dash", "dot", "dashdot", "longdash")
     axes = grid_axes(len(panels), 2 if len(panels) > 1 else 1, hgap=0.08, vgap=0.16)
     # the healthy first: the legend reads best to worst and faded runs draw underneath

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 from forksight.dashboard.alert_figures import escape_markup
-from forksight.dashboard.compare_figures import COMPARE_PANELS, GAP, panel_rows, shown_panels
+from forksight.dashboard.compare_figures import COMPARE_PANELS, GAP, panel_rows, panels_to_draw
 from forksight.dashboard.figures import (FORK_THRESHOLD, X_TITLES, base_layout, clean,
                                          ema_debiased, empty_figure, grid_axes, hline,
                                          strategy_color, y_scale)
@@ -144,14 +144,9 @@ def grouped_figure(runs: Sequence[dict], *, group_by: str = "strategy", band: st
     frame) and optionally verdict. Smoothing applies to each run before the mean."""
     if band not in BANDS:
         raise ValueError(f"band must be one of {sorted(BANDS)}, got {band!r}")
-    if not runs:
-        return empty_figure("select runs to compare", height=400)
-    if all(r["scalars"] is None or r["scalars"].empty for r in runs):
-        return empty_figure("waiting for the first step of these runs…", height=200)
-    panels, hidden = shown_panels(runs, panels)
-    if not panels:
-        return empty_figure("every picked metric is zero or not logged in these runs: "
-                            + escape_markup(", ".join(hidden)), height=200)
+    panels, hidden, placeholder = panels_to_draw(runs, panels)
+    if placeholder is not None:
+        return placeholder
     groups = groups_of(runs, group_by)
     axes = grid_axes(len(panels), 2 if len(panels) > 1 else 1, hgap=0.08, vgap=0.16)
     bands, means = [], []

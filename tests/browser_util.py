@@ -2,7 +2,9 @@
 bundles between tests) and pages that record console errors and uncaught exceptions."""
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -35,3 +37,11 @@ def watched_page(context) -> Iterator:
         yield pg
     finally:
         pg.close()
+
+
+def shots_dir(tmp_path: Path) -> Path:
+    """Where a browser test saves its screenshots: $FORKSIGHT_SCREENSHOTS (docs/screenshots to refresh
+    the README's), else the test's own temp dir."""
+    out = Path(os.environ.get("FORKSIGHT_SCREENSHOTS") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    return out

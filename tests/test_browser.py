@@ -8,16 +8,14 @@ tmp dir.
 """
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("playwright")
 from collector_util import ServeProcess  # noqa: E402
-from browser_util import browser_context, watched_page  # noqa: E402
+from browser_util import browser_context, shots_dir, watched_page  # noqa: E402
 from conftest import require_browser  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -80,12 +78,6 @@ def context(served):
 def page(context):
     with watched_page(context) as pg:
         yield pg
-
-
-def shots_dir(tmp_path: Path) -> Path:
-    out = Path(os.environ.get("FORKSIGHT_SCREENSHOTS") or tmp_path)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
 
 
 def graph_trace(page, graph_id: str, key: str, role: str = "raw") -> dict:

@@ -11,15 +11,13 @@ Screenshots (mismatch-tokens.png, mismatch-run.png) go to $FORKSIGHT_SCREENSHOTS
 from __future__ import annotations
 
 import math
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("playwright")
-from browser_util import browser_context, watched_page  # noqa: E402
+from browser_util import browser_context, shots_dir, watched_page  # noqa: E402
 from collector_util import ServeProcess  # noqa: E402
 from conftest import require_browser  # noqa: E402
 
@@ -55,12 +53,6 @@ def context(served):
 def page(context):
     with watched_page(context) as pg:
         yield pg
-
-
-def shots_dir(tmp_path: Path) -> Path:
-    out = Path(os.environ.get("FORKSIGHT_SCREENSHOTS") or tmp_path)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
 
 
 def api(srv, path: str, **params):

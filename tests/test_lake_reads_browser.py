@@ -4,15 +4,13 @@ catalog); the run, tokens, alerts and compare pages of box-b's run (only in the 
 own file holds. Screenshot lake-runs.png goes to $FORKSIGHT_SCREENSHOTS (docs/screenshots) or tmp."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import httpx
 import pytest
 
 pytest.importorskip("pyiceberg", reason="the lake needs the `lake` extra: pip install -e '.[lake]'")
 pytest.importorskip("playwright")
-from browser_util import browser_context, watched_page  # noqa: E402
+from browser_util import browser_context, shots_dir, watched_page  # noqa: E402
 from collector_util import ServeProcess  # noqa: E402
 from conftest import require_browser  # noqa: E402
 from lake_util import batch, create_run, post, wait_drained  # noqa: E402
@@ -58,12 +56,6 @@ def context(served):
 def page(context):
     with watched_page(context) as pg:
         yield pg
-
-
-def shots_dir(tmp_path: Path) -> Path:
-    out = Path(os.environ.get("FORKSIGHT_SCREENSHOTS") or tmp_path)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
 
 
 def test_runs_page_lists_the_runs_of_both_collectors(served, page, tmp_path):
