@@ -7,6 +7,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import pytest
+
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
@@ -45,3 +47,19 @@ def shots_dir(tmp_path: Path) -> Path:
     out = Path(os.environ.get("FORKSIGHT_SCREENSHOTS") or tmp_path)
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+# the fixtures a browser test module gets by importing them; `served` is the module's own fixture:
+# (its collector, the chromium path)
+@pytest.fixture(scope="module")
+def context(served):
+    """One browser context per module, over the module's served collector."""
+    with browser_context(served[1]) as ctx:
+        yield ctx
+
+
+@pytest.fixture()
+def page(context):
+    """A fresh page per test, whose console and page errors are watched."""
+    with watched_page(context) as pg:
+        yield pg

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("playwright")
 from collector_util import ServeProcess  # noqa: E402
-from browser_util import browser_context, shots_dir, watched_page  # noqa: E402
+from browser_util import context, page, shots_dir  # noqa: E402,F401 (fixtures)
 from conftest import require_browser  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -66,18 +66,6 @@ def served(tmp_path_factory):
         seed_run(store, LIVE, 4, strategy="fork", collapse=False, seed=4)
     with ServeProcess(db, dashboard=True) as srv:
         yield srv, chromium
-
-
-@pytest.fixture(scope="module")
-def context(served):
-    with browser_context(served[1]) as ctx:
-        yield ctx
-
-
-@pytest.fixture()
-def page(context):
-    with watched_page(context) as pg:
-        yield pg
 
 
 def graph_trace(page, graph_id: str, key: str, role: str = "raw") -> dict:

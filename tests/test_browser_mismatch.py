@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("playwright")
-from browser_util import browser_context, shots_dir, watched_page  # noqa: E402
+from browser_util import context, page, shots_dir  # noqa: E402,F401 (fixtures)
 from collector_util import ServeProcess  # noqa: E402
 from conftest import require_browser  # noqa: E402
 
@@ -41,18 +41,6 @@ def served(tmp_path_factory):
             assert sink.flush(30.0)
             sink.finish()
         yield srv, chromium
-
-
-@pytest.fixture(scope="module")
-def context(served):
-    with browser_context(served[1]) as ctx:
-        yield ctx
-
-
-@pytest.fixture()
-def page(context):
-    with watched_page(context) as pg:
-        yield pg
 
 
 def api(srv, path: str, **params):

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("pyiceberg", reason="the lake needs the `lake` extra: pip install -e '.[lake]'")
 pytest.importorskip("playwright")
-from browser_util import browser_context, shots_dir, watched_page  # noqa: E402
+from browser_util import context, page, shots_dir  # noqa: E402,F401 (fixtures)
 from collector_util import ServeProcess  # noqa: E402
 from conftest import require_browser  # noqa: E402
 from lake_util import batch, create_run, post, wait_drained  # noqa: E402
@@ -44,18 +44,6 @@ def served(tmp_path_factory):
             yield srv, chromium, b
     finally:
         b.close()
-
-
-@pytest.fixture(scope="module")
-def context(served):
-    with browser_context(served[1]) as ctx:
-        yield ctx
-
-
-@pytest.fixture()
-def page(context):
-    with watched_page(context) as pg:
-        yield pg
 
 
 def test_runs_page_lists_the_runs_of_both_collectors(served, page, tmp_path):
