@@ -10,8 +10,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -23,10 +21,9 @@ from transformers import TrainerCallback
 import forksight.trl
 from forksight.compose.local import LocalSink
 
+from trl114 import INNER_114, rerun_on_trl_114
+
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
-REPO = Path(__file__).resolve().parents[1]
-TRL114 = REPO / ".venv" / "trl114"
-INNER_114 = "FORKSIGHT_TRL114_INNER"  # set when this module reruns itself on TRL 1.14
 G, PROMPTS, LENGTH, STEPS = 4, 2, 6, 3
 CLIP_MIN, CLIP_MAX = 0.67, 1.5          # TRL's token_truncate bounds in the vLLM run
 ENV_ROW, ENV_POS = 1, 2                 # this row's token at ENV_POS is environment text (env_mask = 0)
@@ -319,13 +316,7 @@ def test_a_run_without_sampler_log_probs_stores_null_and_no_mismatch_scalars(tin
 @pytest.mark.skipif(os.environ.get(INNER_114) == "1", reason="this is the TRL 1.14 rerun")
 def test_the_same_tests_pass_on_trl_114_logits_path():
     """TRL 1.14 builds logits (the lm_head hook path): rerun this module on it."""
-    assert (TRL114 / "trl").is_dir(), f"TRL 1.14 is missing at {TRL114}: run `make setup` (it installs it there)"
-    path = os.pathsep.join(p for p in (str(TRL114), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, INNER_114: "1", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-4000:]
-    assert "11 passed, 1 skipped" in out.stdout, out.stdout[-2000:]
+    rerun_on_trl_114(__file__, "11 passed, 1 skipped")
 
 
 def test_trl_version_is_the_one_this_run_means():
