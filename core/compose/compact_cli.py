@@ -48,10 +48,7 @@ def compact_to_lake(db: str, run_id: str, uri: str | None, warehouse: str | None
     """Move the run's committed token rows out of `db` (monitor/lake/move_tokens.py), then shrink the file."""
     import os
 
-    import duckdb
-
-    from forksight.monitor.collector.compact import rewrite_file
-    from forksight.monitor.collector.dbfile import open_failure
+    from forksight.monitor.collector.compact import open_run_file, rewrite_file
     from forksight.monitor.lake.catalog import open_catalog
     from forksight.monitor.lake.move_tokens import move_tokens
 
@@ -60,18 +57,8 @@ def compact_to_lake(db: str, run_id: str, uri: str | None, warehouse: str | None
     if not os.path.exists(db):
         raise FileNotFoundError(f"no DuckDB file at {db}")
     catalog = open_catalog(uri, warehouse, check=False)     # LakeError is a RuntimeError: said by run_compact
-    size_before = os.path.getsize(db)
+    conn, size_before = open_run_file(db, run_id)
     try:
-        conn = duckdb.connect(db)
-    except duckdb.Error as exc:
-        if "lock" in str(exc).lower():
-            raise RuntimeError(f"{db} is held by another process (a running `forksight serve`): stop it, "
-                               "compact, then start it again") from None
-        raise RuntimeError(open_failure(db, exc)) from None
-    try:
-        known = {r[0] for r in conn.execute("SELECT run_id FROM runs").fetchall()}
-        if run_id not in known:
-            raise LookupError(f"no run {run_id!r} in {db}; runs there: {', '.join(sorted(known)) or 'none'}")
         done = move_tokens(conn, catalog, run_id)
         conn.execute("CHECKPOINT")
         rewrite_file(conn, db)

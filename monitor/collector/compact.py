@@ -68,16 +68,14 @@ def rewrite_file(conn, path: str) -> None:
     os.replace(tmp, path)
 
 
-def compact_file(db: str, run_id: str, keep: int) -> dict:
-    """Thin one run's token rows in the DuckDB file `db` and shrink the file; clear errors when
-    the file is held by a collector, missing, damaged, or has no such run."""
+
+def open_run_file(db: str, run_id: str):
+    """(connection, size in bytes) of the DuckDB file `db` opened for compaction, with `run_id` in it;
+    clear errors when the file is missing, held by a collector, damaged, or has no such run."""
     import duckdb
 
     from forksight.monitor.collector.dbfile import open_failure
 
-    if not RUN_ID_RE.match(run_id):
-        raise ValueError(f"run id {run_id!r} does not match the run id pattern")
-    kept_steps([], keep)  # the same check before the file is touched
     if not os.path.exists(db):
         raise FileNotFoundError(f"no DuckDB file at {db}")
     size_before = os.path.getsize(db)
@@ -92,6 +90,23 @@ def compact_file(db: str, run_id: str, keep: int) -> dict:
         known = {r[0] for r in conn.execute("SELECT run_id FROM runs").fetchall()}
         if run_id not in known:
             raise LookupError(f"no run {run_id!r} in {db}; runs there: {', '.join(sorted(known)) or 'none'}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn, size_before
+
+def compact_file(db: str, run_id: str, keep: int) -> dict:
+    """Thin one run's token rows in the DuckDB file `db` and shrink the file; clear errors when
+    the file is held by a collector, missing, damaged, or has no such run."""
+    import duckdb
+
+    from forksight.monitor.collector.dbfile import open_failure
+
+    if not RUN_ID_RE.match(run_id):
+        raise ValueError(f"run id {run_id!r} does not match the run id pattern")
+    kept_steps([], keep)  # the same check before the file is touched
+    conn, size_before = open_run_file(db, run_id)
+    try:
         done = thin_tokens(conn.cursor(), run_id, keep)
         conn.execute("CHECKPOINT")
         rewrite_file(conn, db)
