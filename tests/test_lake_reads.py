@@ -103,9 +103,18 @@ def test_a_reads_a_lake_only_run_as_b_reads_it_from_its_own_file(lake):
     run = reader.run(rid)
     assert run["name"] == rid and run["last_step"] == own.run("b")["last_step"] == LONG - 1
     assert reader.scalar_keys(rid) == own.scalar_keys("b") == ["entropy/mean", "reward/mean"]
+    reader.close_runs()
+
+    def rollup_rows() -> tuple[int, int]:     # what the lake run's own database holds so far
+        db = reader._lake_reader(rid).db
+        return tuple(db.conn.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
+                     for t in ("scalar_rollups", "histogram_rollups"))
     for downsample, since in ((1000, None), (20, None), (1000, 200)):    # 20: read from rebuilt rollups
         same(reader.read_scalars(rid, downsample=downsample, since_step=since),
              own.read_scalars("b", downsample=downsample, since_step=since))
+        if downsample == 1000 and since is None:     # a raw read: no rollup is built for it
+            assert rollup_rows() == (0, 0)
+    assert rollup_rows()[0] > 0 and rollup_rows()[1] == 0     # built on the first read that used them
     # hand-worked: the two ranks of step 5 merge by weighted mean (weight null = 1)
     at5 = reader.steps_scalars(rid, [5, 6])
     assert at5 == own.steps_scalars("b", [5, 6])

@@ -6,11 +6,13 @@ from forksight.monitor.collector.reader import Reader
 from forksight.monitor.collector.rollups import rebuild_rollups
 
 
-def open_reader(conn, rollups: bool = True) -> Reader:
-    """The collector's Reader over an in-memory DuckDB of lake rows (rollups built from its rows)."""
+def open_reader(conn, rollups: bool | tuple[str, ...] = True, before_rollups=None) -> Reader:
+    """The collector's Reader over an in-memory DuckDB of lake rows: the rollups of every table
+    built from its rows now (True), of those named (a tuple), or none; `before_rollups(table)` is
+    called when a read first needs a table's rollups (the lake run builds them then)."""
     if rollups:
-        rebuild_rollups(conn)
-    return Reader(conn)
+        rebuild_rollups(conn, tables=("scalars", "histograms") if rollups is True else tuple(rollups))
+    return Reader(conn, before_rollups=before_rollups)
 
 
 def tiered_reader(store, committer):

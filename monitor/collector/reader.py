@@ -7,7 +7,7 @@ import json
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -48,13 +48,17 @@ def histogram_quantile(lo: np.ndarray, hi: np.ndarray, counts: np.ndarray, q: fl
 class Reader(RunsPageReads, TokenStepReads):
     """The one read interface (TensorBoard's DataProvider is the model). Thread-safe."""
 
-    def __init__(self, conn, stale_after: float = STALE_AFTER_S, *, private: bool = False):
+    def __init__(self, conn, stale_after: float = STALE_AFTER_S, *, private: bool = False,
+                 before_rollups: Callable[[str], None] | None = None):
         """private: `conn` serves one thread only; queries run on it directly and so also see the
-        Arrow tables registered on it (the ingest's buffer of steps not judged yet)."""
+        Arrow tables registered on it (the ingest's buffer of steps not judged yet). before_rollups:
+        called with "scalars" or "histograms" before a read uses that table's rollups (a lake run
+        builds them then, only for a run long enough to read them)."""
         self._conn = conn
         self._lock = threading.Lock()
         self.stale_after = stale_after
         self._private = private
+        self._before_rollups = before_rollups
 
     def _query(self, sql: str, params: Sequence | None = None) -> pd.DataFrame:
         return self._run(sql, params, lambda result: result.df())
@@ -149,6 +153,8 @@ class Reader(RunsPageReads, TokenStepReads):
             plans.setdefault(plan(int(span or 0), points, SCALAR_WIDTHS), []).append(rid)
         marks = ", ".join("?" * len(keys))
         parts = []
+        if self._before_rollups is not None and any(w for w, _ in plans):
+            self._before_rollups("scalars")
         for (w, k), rids in plans.items():
             runs = ", ".join("?" * len(rids))
             if not w:     # pick the kept (key, step) pairs first, then merge ranks for those only
@@ -272,6 +278,8 @@ class Reader(RunsPageReads, TokenStepReads):
         if since_step is None:
             w = column_width(self._span(run_id), max_points_of(downsample), HISTOGRAM_WIDTHS)
             if w:
+                if self._before_rollups is not None:
+                    self._before_rollups("histograms")
                 return self._query(histogram_columns_sql(), [run_id, key, w])
         params: list = [run_id, key]
         since = ""

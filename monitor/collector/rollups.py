@@ -137,15 +137,18 @@ SELECT run_id, key, ? AS width, bucket // 4 AS bucket, bin_lo, bin_hi, min(first
 FROM histogram_rollups WHERE width = ?{only} GROUP BY run_id, key, bucket // 4, bin_lo, bin_hi"""
 
 
-def rebuild_rollups(conn, run_ids: list[str] | None = None) -> None:
-    """Rebuild the rollup tables from the stored rows, of every run or of run_ids (a file
-    written before they existed, or rows seeded in bulk): the finest level from the raw rows,
-    each coarser one from the level below."""
+def rebuild_rollups(conn, run_ids: list[str] | None = None,
+                    tables: tuple[str, ...] = ("scalars", "histograms")) -> None:
+    """Rebuild the rollup tables of `tables` from the stored rows, of every run or of run_ids (a
+    file written before they existed, rows seeded in bulk, a lake run): the finest level from the
+    raw rows, each coarser one from the level below."""
     only = "" if run_ids is None else " AND run_id IN (SELECT unnest(?::VARCHAR[]))"
     runs = [] if run_ids is None else [list(run_ids)]
     for table, rollup, select, up, widths in (
             ("scalars", "scalar_rollups", _SCALAR_ROLLUP_SELECT, _SCALAR_UP, SCALAR_WIDTHS),
             ("histograms", "histogram_rollups", _HISTOGRAM_ROLLUP_SELECT, _HISTOGRAM_UP, HISTOGRAM_WIDTHS)):
+        if table not in tables:
+            continue
         assert all(b == 4 * a for a, b in zip(widths, widths[1:]))
         conn.execute(f"DELETE FROM {rollup} WHERE true{only}", runs)
         src = f"(SELECT * FROM {table} WHERE true{only})"

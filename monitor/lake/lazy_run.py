@@ -2,21 +2,23 @@
 of one step plans `tokens` (and `scalars`, for the run's step span), not every table and rollup."""
 from __future__ import annotations
 
-# Reader method -> (step tables it reads, whether it reads the rollups). A method not listed opens
-# everything first (correct, only slower): a new Reader method never reads a table that is not there.
+# Reader method -> the step tables it reads. A method not listed opens everything first (correct,
+# only slower): a new Reader method never reads a table that is not there. Rollups are built by the
+# Reader's before_rollups hook, when a read first uses them (RunDb.rollups).
 _SPAN = ("scalars",)            # runs.last_step / first_step come from the run's scalars
 _TOKENS = ("tokens",)
-NEEDS: dict[str, tuple[tuple[str, ...], bool]] = {
-    **{m: (_SPAN, False) for m in ("run", "list_runs", "run_progress", "runs_page")},
-    **{m: ((), False) for m in ("has_run", "read_alerts", "read_alerts_page", "alert_detectors")},
-    **{m: (_TOKENS, False) for m in ("token_steps", "token_step_span", "first_token_steps",
-                                     "nearest_token_steps", "spread_token_steps", "read_tokens")},
-    "read_token_history": (("tokens", "samples"), False),
-    "read_samples": (("samples",), False),
-    **{m: (_SPAN, True) for m in ("scalar_keys", "read_scalars", "read_scalars_of_runs", "steps_scalars",
-                                  "read_histograms", "read_histogram_ends")},
+NEEDS: dict[str, tuple[str, ...]] = {
+    **{m: _SPAN for m in ("run", "list_runs", "run_progress", "runs_page", "scalar_keys")},
+    **{m: () for m in ("has_run", "read_alerts", "read_alerts_page", "alert_detectors")},
+    **{m: _TOKENS for m in ("token_steps", "token_step_span", "first_token_steps",
+                            "nearest_token_steps", "spread_token_steps", "read_tokens")},
+    "read_token_history": ("tokens", "samples"),
+    "read_samples": ("samples",),
+    # percentiles of multi-rank steps are re-merged from the histograms
+    **{m: ("scalars", "histograms") for m in ("read_scalars", "read_scalars_of_runs", "steps_scalars",
+                                              "read_histograms", "read_histogram_ends")},
 }
-_ALL = (("scalars", "histograms", "samples", "tokens"), True)
+_ALL = ("scalars", "histograms", "samples", "tokens")
 
 
 class LazyRunReader:
@@ -30,9 +32,9 @@ class LazyRunReader:
         attr = getattr(self.db.reader, name)
         if not callable(attr) or name.startswith("__"):
             return attr
-        tables, rollups = NEEDS.get(name, _ALL)
+        tables = NEEDS.get(name, _ALL)
 
         def call(*args, **kwargs):
-            self.db.ensure(tables, rollups)
+            self.db.ensure(tables)
             return attr(*args, **kwargs)
         return call

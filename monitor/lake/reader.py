@@ -18,6 +18,7 @@ from forksight.base.tables import ALERTS, RUNS
 from forksight.monitor.lake.move_tokens import MOVED
 from forksight.monitor.lake.run_views import build_run_db, shown_id
 from forksight.monitor.lake.schema import COLLECTOR, identifier
+from forksight.monitor.lake.table_cache import CachedTables
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,7 +34,8 @@ class TieredReader:
 
     def __init__(self, local, store, catalog, own: str, open_reader: Callable, *,
                  refresh_s: float = REFRESH_S, open_runs: int = OPEN_RUNS):
-        self.local, self.store, self.catalog, self.own = local, store, catalog, own
+        # a table loaded once per refresh: the index, the snapshots and a run's plans share it
+        self.local, self.store, self.catalog, self.own = local, store, CachedTables(catalog, refresh_s), own
         self.open_reader, self.refresh_s, self.open_runs = open_reader, refresh_s, open_runs
         self.stale_after = local.stale_after
         self.store_health = getattr(local, "store_health", None)     # the runs page's disk note
@@ -44,6 +46,7 @@ class TieredReader:
         self._runs = pa.table({c.name: pa.array([], c.arrow) for c in RUNS.columns})
         self._alerts = pa.table({c.name: pa.array([], c.arrow) for c in ALERTS.columns})
         self._open: OrderedDict[str, tuple] = OrderedDict()
+        self._not_local: dict[str, float] = {}  # ids the file did not hold, when asked
         self._moved_steps: dict[str, set[int]] | None = None
         self._moved_rows: dict[str, dict[int, int]] = {}
         self.error: str | None = None           # the catalog's last failure (pages show the file's runs)
@@ -126,6 +129,11 @@ class TieredReader:
                     self._open.popitem(last=False)
         return reader
 
+    def close_runs(self) -> None:
+        """Drop every open lake run: the next read of one plans its tables again."""
+        with self._lock:
+            self._open.clear()
+
     # -- token steps `compact --to-lake` moved out of the file (this collector's own runs)
     def _moved(self, run_id: str) -> set[int]:
         """Steps of a run in the file whose token rows live only in the lake (lake_token_steps)."""
@@ -161,9 +169,24 @@ class TieredReader:
 
     def _of(self, run_id: str):
         """The Reader holding `run_id`: the file's when it has it, else the lake run's, else the file's."""
-        if self.local.has_run(run_id):
+        if self._is_local(run_id):
             return self.local
         return self._lake_reader(run_id) or self.local
+
+    def _is_local(self, run_id: str) -> bool:
+        """Whether the file holds `run_id`; a lake-only run's 'no' is kept for refresh_s (a page
+        asks it on every read, and a run of this collector is never shown under another's id)."""
+        with self._lock:
+            known = self._not_local.get(run_id)
+        if known is not None and time.monotonic() - known < self.refresh_s:
+            return False
+        if self.local.has_run(run_id):
+            return True
+        with self._lock:
+            if len(self._not_local) > 4 * self.open_runs:
+                self._not_local.clear()
+            self._not_local[run_id] = time.monotonic()
+        return False
 
     def holder_of(self, run_id: str, step: int) -> tuple:
         """(the Reader holding `step`'s token rows of `run_id`, the id it knows the run by): what
@@ -175,7 +198,7 @@ class TieredReader:
 
     # -- several runs: the file's and the lake's rows in one small in-memory DuckDB, the same SQL
     def _fleet(self):
-        import duckdb
+        from forksight.monitor.lake.memdb import MemoryDb
 
         self._index()
         cur = self.store.read_cursor()
@@ -184,7 +207,7 @@ class TieredReader:
             alerts = cur.sql(f"SELECT {', '.join(ALERTS.names)} FROM alerts").to_arrow_table()
         finally:
             cur.close()
-        conn = duckdb.connect(":memory:")
+        conn = MemoryDb()
         with self._lock:
             lake_runs, lake_alerts = self._runs, self._alerts
         for spec, mine, theirs in ((RUNS, runs, lake_runs), (ALERTS, alerts, lake_alerts)):
@@ -226,7 +249,7 @@ class TieredReader:
                                                [r for r in wanted if r not in lake])
         theirs = [self._lake_reader(r).read_scalars_of_runs(keys, downsample, [r])
                   for r in (lake if wanted is None else [r for r in wanted if r in lake])
-                  if not self.local.has_run(r)]
+                  if not self._is_local(r)]
         parts = [p for p in (mine, *theirs) if len(p)]
         return pd.concat(parts, ignore_index=True) if parts else mine
 

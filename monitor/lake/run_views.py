@@ -96,22 +96,22 @@ def _table_sql(conn, catalog, spec, collector: str, run_id: str, shown: str) -> 
 
 class RunDb:
     """One lake run's in-memory DuckDB, built per table on first need: a page that reads the tokens
-    of one step plans and opens only `tokens` (and `scalars` for the run's step span), never the
-    rollups of series it does not draw. `snaps`: the snapshot each built table was planned at."""
+    of one step plans and opens only `tokens` (and `scalars` for the run's step span); a table's
+    rollups are built only when a read first uses them (a run long enough to be read from them).
+    `snaps`: the snapshot each built table was planned at."""
 
     def __init__(self, catalog, collector: str, run_id: str, run_row: dict, alerts: pa.Table,
                  open_reader: Callable):
-        import duckdb
+        from forksight.monitor.lake.memdb import MemoryDb
 
         self.catalog, self.collector, self.run_id = catalog, collector, run_id
         self.shown, self.open_reader = shown_id(run_id, collector), open_reader
         self.snaps: dict[str, int | None] = {}
-        self._rollups = False
-        self._lock = threading.Lock()
-        conn = self.conn = duckdb.connect(":memory:")
-        conn.execute("SET parquet_metadata_cache = true")    # the files never change: read each footer once
-        for spec in (RUNS, ALERTS, TOKEN_STEPS, SCALAR_KEYS, SCALAR_ROLLUPS, HISTOGRAM_ROLLUPS):
-            conn.execute(spec.ddl())
+        self._rolled: set[str] = set()
+        self._lock = threading.RLock()          # ensure() inside rollups() on the same thread
+        conn = self.conn = MemoryDb()
+        conn.execute("\n".join(spec.ddl() for spec in (RUNS, ALERTS, TOKEN_STEPS, SCALAR_KEYS, SCALAR_ROLLUPS,
+                                                       HISTOGRAM_ROLLUPS)))
         row = {c: run_row.get(c) for c in RUNS.names} | {"run_id": self.shown}
         if row.get("name") is not None:
             row["name"] = shown_id(row["name"], collector)
@@ -121,13 +121,10 @@ class RunDb:
             conn.register("_lake_alerts", alerts)
             conn.execute("INSERT INTO alerts BY NAME SELECT * FROM _lake_alerts")   # shown ids already
             conn.unregister("_lake_alerts")
-        self.reader = open_reader(conn, rollups=False)
+        self.reader = open_reader(conn, rollups=False, before_rollups=self.rollups)
 
-    def ensure(self, tables, rollups: bool = False) -> None:
-        """Plan and open `tables` (step table names) not opened yet; rollups: also build the rollups
-        (they read scalars and histograms)."""
-        if rollups:
-            tables = {*tables, "scalars", "histograms"}
+    def ensure(self, tables) -> None:
+        """Plan and open `tables` (step table names) not opened yet."""
         with self._lock:
             for spec in STEP_TABLES:
                 if spec.name not in tables or spec.name in self.snaps:
@@ -142,9 +139,15 @@ class RunDb:
                     # the span of the scalars this plan holds (the lake's runs row is synced apart, may lag)
                     self.conn.execute("UPDATE runs SET first_step = (SELECT min(step) FROM scalars), "
                                       "last_step = (SELECT max(step) FROM scalars)")
-            if rollups and not self._rollups:
-                self.open_reader(self.conn)          # the roof's rollup builder (its Reader is dropped)
-                self._rollups = True
+
+    def rollups(self, table: str) -> None:
+        """Build `table`'s rollups ("scalars" or "histograms") once, on the first read that uses them."""
+        with self._lock:
+            if table in self._rolled:
+                return
+            self.ensure((table,))
+            self.open_reader(self.conn, rollups=(table,))     # the roof's rollup builder (Reader dropped)
+            self._rolled.add(table)
 
 
 def build_run_db(catalog, collector: str, run_id: str, run_row: dict, alerts: pa.Table,
