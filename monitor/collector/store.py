@@ -137,8 +137,9 @@ class Store(StoreHealth):
         self._keys: dict[str, set[str]] = {}     # scalar keys known to be in scalar_keys, per run
         self._on_close: list[Callable[[], None]] = []
         self._closed = False
-        # the lake's outbox (forksight.monitor.lake): (cur, table, run_id, rows) in each write's transaction
-        self.lake_outbox: Callable[[Any, str, str, pa.Table], None] | None = None
+        # the lake's outbox (forksight.monitor.lake): (cur, [(table, run_id, rows), ...]) once per write
+        # group, in its transaction, just before it commits
+        self.lake_outbox: Callable[[Any, list[tuple[str, str, pa.Table]]], None] | None = None
         self._wcur = self._conn.cursor()
         self._thread = threading.Thread(target=self._run, name="forksight-store-writer", daemon=True)
         self._thread.start()
@@ -319,6 +320,7 @@ class Store(StoreHealth):
                     job.conflict = (f"batch id {job.batch_id!r} of run {job.run_id!r} was stored before with "
                                     "other content; nothing of this one was stored: send new content under a new id")
             fresh = [j for j in jobs if not j.duplicate]
+            outbox: list[tuple[str, str, pa.Table]] = []
             for run_id in dict.fromkeys(j.run_id for j in fresh):
                 mine = [j for j in fresh if j.run_id == run_id]
                 for name in DATA_TABLES:
@@ -328,7 +330,7 @@ class Store(StoreHealth):
                         data = pa.concat_tables(parts).combine_chunks()
                         insert_arrow(cur, name, data, run_id)
                         if self.lake_outbox is not None:     # committed (or not) with the rows themselves
-                            self.lake_outbox(cur, name, run_id, data)
+                            outbox.append((name, run_id, data))
                         if name == "tokens":     # the step list the tokens page reads
                             add_token_steps(cur, run_id, pa.concat_arrays([pc.unique(t["step"]) for t in parts]))
                         if name == "scalars":    # the run's step span, kept on its row for the runs list
@@ -346,6 +348,8 @@ class Store(StoreHealth):
                 if time.time() - self._beat.get(run_id, 0.0) > 1.0:    # ingest is a heartbeat
                     self._beat[run_id] = time.time()
                     cur.execute("UPDATE runs SET heartbeat = ? WHERE run_id = ?", [time.time(), run_id])
+            if outbox:                   # one statement for the group: each costs ~1 ms on the writer
+                self.lake_outbox(cur, outbox)
             ids = [j for j in fresh if j.batch_id is not None]
             if ids:
                 insert_arrow(cur, "batches", pa.table({
