@@ -2,9 +2,11 @@
 
     python bench/strategies_table.py docs/strategies.json              # print Markdown
     python bench/strategies_table.py docs/strategies.json --readme README.md   # rewrite the block
+    python bench/strategies_table.py docs/strategies.json --fair trainer/fair_settings.json
 
 --readme replaces what lies between the `<!-- strategies:begin -->` and `<!-- strategies:end -->`
-markers, and nothing else.
+markers, and nothing else. --fair writes each strategy's chosen lr per preset, what `forksight
+demo` trains each strategy at (forksight.trainer.fair).
 """
 from __future__ import annotations
 
@@ -56,6 +58,17 @@ def table(report: dict, source: str = "docs/strategies.json") -> str:
     return "\n".join(lines) + "\n"
 
 
+def fair(report: dict, source: str = "docs/strategies.json") -> dict:
+    """Each strategy's chosen lr per trainer preset (a task of the sweep runs one preset)."""
+    meta = report["meta"]
+    presets = {task: meta["tasks"][task]["preset"] for task in report["summary"]}
+    return {"source": source, "date": meta["date"], "commit": meta.get("commit"), "rule": meta["rule"],
+            "quick": bool(meta.get("quick")),
+            "presets": {presets[task]: {name: {"lr": row["lr"], "task": task, "seeds": row["seeds"]}
+                                        for name, row in strategies.items()}
+                        for task, strategies in report["summary"].items()}}
+
+
 def rewrite(readme: Path, text: str) -> None:
     """Replace the marked block's content with `text`; the markers must be there, once."""
     content = readme.read_text()
@@ -69,11 +82,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("json", help="bench/strategies.py's output (docs/strategies.json)")
     parser.add_argument("--readme", help="rewrite the marked block of this file instead of printing")
+    parser.add_argument("--fair", help="also write each strategy's chosen lr per preset to this JSON file "
+                                       "(trainer/fair_settings.json: what `forksight demo` trains at)")
     args = parser.parse_args(argv)
     path = Path(args.json)
     if not path.exists():
         raise SystemExit(f"{path} does not exist: run `python bench/strategies.py` first")
-    text = table(json.loads(path.read_text()), args.json)
+    report = json.loads(path.read_text())
+    text = table(report, args.json)
+    if args.fair:
+        Path(args.fair).write_text(json.dumps(fair(report, args.json), indent=1) + "\n")
+        print(f"wrote {args.fair}", file=sys.stderr)
     if args.readme:
         rewrite(Path(args.readme), text)
         print(f"rewrote the strategies block of {args.readme}", file=sys.stderr)

@@ -165,14 +165,15 @@ def test_held_out_problems_of_a_pool_run_are_not_its_training_problems():
 # ------------------------------------------------------------------------------ the README table
 FIXTURE = {
     "meta": {"rule": "RULE", "interval": "INTERVAL", "date": "2026-12-04T16:00:00+00:00", "quick": False,
+             "tasks": {"arith": {"preset": "healthy"}}, "commit": "abc",
              "steps": {"arith": 200}, "grid": {"seeds": [0, 1, 2], "lrs": {"arith": [0.0001, 0.0003]}}},
     "summary": {"arith": {
-        "all": {"lr": 0.0003, "figures": {
+        "all": {"lr": 0.0003, "seeds": [0, 1, 2], "figures": {
             "eval_pass8_end": {"mean": 0.5, "lo": 0.4, "hi": 0.625}, "eval_pass1_end": {"mean": 0.25, "lo": 0.2, "hi": 0.3},
             "eval_pass8_start": {"mean": 0.45, "lo": 0.45, "hi": 0.45}, "reward_end": {"mean": 0.875, "lo": 0.8, "hi": 0.95},
             "entropy_end": {"mean": 0.12345, "lo": 0.1, "hi": 0.15}, "fork_frac_end": {"mean": 0.0712, "lo": 0.05, "hi": 0.09},
             "collapse_step": {"collapsed": 2, "of": 3, "mean": 150.5, "lo": 120.0, "hi": 181.0}}},
-        "ict": {"lr": 0.0001, "figures": {
+        "ict": {"lr": 0.0001, "seeds": [0, 1], "figures": {
             "eval_pass8_end": {"mean": 0.3, "lo": 0.1, "hi": 0.5}, "eval_pass1_end": {"mean": None, "lo": None, "hi": None},
             "eval_pass8_start": {"mean": 0.45, "lo": 0.45, "hi": 0.45}, "reward_end": {"mean": 0.1, "lo": 0.0, "hi": 0.2},
             "entropy_end": {"mean": 0.3, "lo": 0.25, "hi": 0.35}, "fork_frac_end": {"mean": 0.2, "lo": 0.1, "hi": 0.3},
@@ -199,6 +200,26 @@ def test_readme_block_is_rewritten_between_the_markers_only(tmp_path):
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit, match="strategies:begin"):
         st.rewrite(readme, "NEW\n")
+
+
+def test_fair_settings_are_each_strategys_chosen_lr_under_its_tasks_preset():
+    out = st.fair(FIXTURE, "x.json")
+    assert out["presets"] == {"healthy": {"all": {"lr": 0.0003, "task": "arith", "seeds": [0, 1, 2]},
+                                          "ict": {"lr": 0.0001, "task": "arith", "seeds": [0, 1]}}}
+    assert (out["source"], out["rule"], out["commit"]) == ("x.json", "RULE", "abc")
+
+
+def test_the_committed_table_and_demo_settings_are_generated_from_the_committed_json():
+    # nothing typed by hand: README's block and trainer/fair_settings.json are what the JSON gives
+    report_path = ROOT / "docs" / "strategies.json"
+    if not report_path.exists():
+        pytest.skip("docs/strategies.json is not in this checkout: the sweep has not been run")
+    report = json.loads(report_path.read_text())
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index(st.BEGIN) + len(st.BEGIN) + 1:readme.index(st.END)]
+    assert block == st.table(report, "docs/strategies.json")
+    fair = json.loads((ROOT / "trainer" / "fair_settings.json").read_text())
+    assert fair == st.fair(report, "docs/strategies.json")
 
 
 def test_the_repository_readme_has_the_markers():

@@ -43,6 +43,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--strategies", default="all,fork,ict",
                         help="Comma-separated strategies to train side by side.")
     parser.add_argument("--seed", type=int, default=0, help="One seed for every run.")
+    parser.add_argument("--lr", choices=("fair", "preset"), default="fair",
+                        help="fair (default): each strategy at the learning rate the strategy sweep chose "
+                             "for it on this preset's task (bench/strategies.py, docs/strategies.json); "
+                             "preset: the preset's one lr for all. A --train-arg lr=X overrides both.")
     parser.add_argument("--duration", type=float, default=0,
                         help="Stop after this many seconds (0 = when the runs end, then keep "
                              "serving the dashboard until Ctrl-C).")
@@ -55,6 +59,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
+def _lr_of(strategy: str, args: argparse.Namespace) -> float | None:
+    """The lr the strategy trains at in the demo: its fair one (None: the preset's)."""
+    from forksight.trainer.fair import fair_lr
+
+    return fair_lr(args.preset, strategy) if getattr(args, "lr", "fair") == "fair" else None
+
+
 def _train_argv(strategy: str, args: argparse.Namespace, url: str) -> list[str]:
     argv = [sys.executable, "-m", "forksight", "train", "--preset", args.preset,
             "--strategy", strategy, "--seed", str(args.seed),
@@ -62,9 +73,12 @@ def _train_argv(strategy: str, args: argparse.Namespace, url: str) -> list[str]:
     if args.steps is not None:
         argv += ["--steps", str(args.steps)]
     extra: dict[str, str] = {}
+    lr = _lr_of(strategy, args)
+    if lr is not None:
+        extra["lr"] = f"{lr:g}"
     for item in args.train_arg:
         key, _, value = item.partition("=")
-        extra[key.strip().lstrip("-")] = value
+        extra[key.strip().lstrip("-").replace("-", "_")] = value
     for key, value in extra.items():
         argv += [f"--{key.replace('_', '-')}", value]
     return argv
@@ -194,8 +208,13 @@ def run(args: argparse.Namespace) -> int:
                 # own session: a terminal Ctrl-C reaches only the demo, which then sends each
                 # trainer exactly one SIGINT (a second one would cut its checkpoint and flush)
                 start_new_session=True)
+        lrs = {s: _lr_of(s, args) for s in strategies}
+        fair = ", ".join(f"{s} {lr:g}" for s, lr in lrs.items() if lr is not None)
         print(f"forksight demo: training {', '.join(strategies)} "
               f"(logs in {log_dir}/); first data in the dashboard within seconds", flush=True)
+        if fair:
+            print(f"forksight demo: each at the lr the strategy sweep found best for it (docs/strategies.json): "
+                  f"{fair}; --lr preset trains all at the preset's", flush=True)
         reader = collector.store.reader
         while not stop.wait(3):
             ids = _run_ids(reader, procs)
