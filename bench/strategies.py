@@ -241,6 +241,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=lambda t: _csv(t, int), help="comma-separated; default 0,1,2")
     parser.add_argument("--steps", type=int, help="RL steps per cell; default each preset's (readable 300, arith 200)")
     parser.add_argument("--tasks", type=_csv, default=list(TASKS), help=f"comma-separated of {','.join(TASKS)}")
+    parser.add_argument("--task-strategies", action="append", default=[], metavar="TASK=S1,S2",
+                        help="this task's strategies instead of --strategies' (repeatable), e.g. "
+                             "arith=all,fork,ict,random,stapo")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="cells run at once (default: cores)")
     parser.add_argument("--out", default="docs/strategies.json", help="JSON written here")
     parser.add_argument("--work", default="runs/strategies", help="cells' DuckDB files, logs and results (resume)")
@@ -248,7 +251,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"smoke run: {QUICK_STEPS} steps, no warm-up, a small batch, 1 lr, seeds 0,1")
     parser.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap resamples")
     args = parser.parse_args(argv)
-    bad = [t for t in args.tasks if t not in TASKS] + [s for s in args.strategies or () if s not in STRATEGIES]
+    per_task = {}
+    for item in args.task_strategies:
+        task, sep, names = item.partition("=")
+        if not sep or not _csv(names):
+            parser.error(f"--task-strategies {item!r}: write TASK=S1,S2, e.g. arith=all,fork")
+        per_task[task.strip()] = _csv(names)
+    args.task_strategies = per_task
+    bad = [t for t in [*args.tasks, *per_task] if t not in TASKS] + \
+        [s for s in [*(args.strategies or ()), *(x for v in per_task.values() for x in v)] if s not in STRATEGIES]
     if bad:
         parser.error(f"unknown task/strategy {', '.join(bad)}: tasks are {', '.join(TASKS)}, "
                      f"strategies {', '.join(STRATEGIES)}")
@@ -265,16 +276,18 @@ def main(argv: list[str] | None = None) -> dict:
     lrs = {t: args.lrs or ([PRESETS[TASKS[t].preset]["lr"]] if args.quick else default_lrs(t)) for t in args.tasks}
     steps = {t: args.steps or (QUICK_STEPS if args.quick else TASKS[t].steps) for t in args.tasks}
     every = {t: QUICK_EVAL_EVERY if args.quick else min(TASKS[t].eval_every, steps[t]) for t in args.tasks}
-    cells = [Cell(t, s, lr, seed) for t in args.tasks for s in strategies for lr in lrs[t] for seed in seeds]
-    print(f"bench/strategies: {len(cells)} cells ({len(args.tasks)} tasks × {len(strategies)} strategies × "
-          f"lrs × {len(seeds)} seeds), {args.jobs} at a time, in {args.work}", file=sys.stderr, flush=True)
+    of_task = {t: args.task_strategies.get(t, strategies) for t in args.tasks}
+    cells = [Cell(t, s, lr, seed) for t in args.tasks for s in of_task[t] for lr in lrs[t] for seed in seeds]
+    print(f"bench/strategies: {len(cells)} cells ({', '.join(f'{t}: {len(of_task[t])} strategies' for t in args.tasks)}"
+          f" × lrs × {len(seeds)} seeds), {args.jobs} at a time, in {args.work}", file=sys.stderr, flush=True)
     records = sweep(cells, Path(args.work), steps, every, args.jobs, args.quick)
     report = {
         "meta": {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "machine": {"node": platform.node(), "cpus": os.cpu_count(), "processor": platform.processor(),
                              "python": platform.python_version()},
                  "commit": _commit(), "quick": args.quick, "tasks": {t: {**vars(TASKS[t]), "flags": list(TASKS[t].flags)} for t in args.tasks},
-                 "steps": steps, "eval_every": every, "grid": {"strategies": strategies, "lrs": lrs, "seeds": seeds},
+                 "steps": steps, "eval_every": every,
+                 "grid": {"strategies": strategies, "strategies_of_task": of_task, "lrs": lrs, "seeds": seeds},
                  "rule": RULE, "interval": f"95% percentile bootstrap over seeds, {args.resamples} resamples "
                  f"(numpy, seed 0); with {len(seeds)} seeds it is coarse (few distinct resample means)",
                  "windows": "train reward/entropy/fork share: mean of the first/last 10 steps, peak = best 10-step "

@@ -232,6 +232,12 @@ def test_bad_flags_are_refused_with_the_choices(capsys):
     with pytest.raises(SystemExit):
         strategies.parse(["--strategies", "all,nope"])
     assert "unknown task/strategy nope" in capsys.readouterr().err
+    for bad, said in (("arith=all,nope", "unknown task/strategy nope"), ("arith", "write TASK=S1,S2")):
+        with pytest.raises(SystemExit):
+            strategies.parse(["--task-strategies", bad])
+        assert said in capsys.readouterr().err
+    args = strategies.parse(["--task-strategies", "arith=all,ict", "--strategies", "fork"])
+    assert args.task_strategies == {"arith": ["all", "ict"]} and args.strategies == ["fork"]
 
 
 def test_default_grid_is_each_presets_lr_times_a_third_one_three():
