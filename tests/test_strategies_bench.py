@@ -22,6 +22,7 @@ import strategies  # noqa: E402
 import strategies_figures as sf  # noqa: E402
 import strategies_stats as ss  # noqa: E402
 import strategies_table as st  # noqa: E402
+import strategies_view as sv  # noqa: E402
 
 
 # ------------------------------------------------------------------------------ bootstrap interval
@@ -306,3 +307,21 @@ def test_quick_sweep_end_to_end_resumes_and_its_commands_rerun_to_the_same_figur
     strategies.execute(shlex.split(cell["command"]), tmp_path / "rerun.log")
     rerun = strategies.read_cell(work / f"{name}.duckdb", name)
     assert rerun == {k: v for k, v in cell.items() if k not in ("task", "strategy", "lr", "seed", "command", "seconds")}
+
+    # the cells in one file for the dashboard: every row of every cell's file, runs apart
+    view = tmp_path / "view.duckdb"
+    counts = sv.main([str(out), "--work", str(work), "--out", str(view)])
+    from forksight.monitor.collector.store import Store
+
+    expected = {name: 0 for name in sv.COPIED}
+    for c in cells:
+        with Store(str(work / f"{sv.cell_name(c)}.duckdb")) as one:
+            for name in sv.COPIED:
+                expected[name] += one.call(lambda cur: cur.execute(f"SELECT count(*) FROM {name}").fetchall()[0][0])
+    assert counts == expected and counts["runs"] == len(cells) and counts["tokens"] > 0
+    with Store(str(view)) as merged:
+        assert sorted(merged.reader.list_runs().name) == sorted(sv.cell_name(c) for c in cells)
+        c = cells[1]
+        with Store(str(work / f"{sv.cell_name(c)}.duckdb")) as one:
+            rid = str(one.reader.list_runs().run_id.iloc[0])
+            assert merged.reader.read_scalars(rid).equals(one.reader.read_scalars(rid))
