@@ -67,9 +67,11 @@ def sort(table: pa.Table, name: str) -> list[dict]:
 
 
 def duck_rows(db: str, name: str) -> list[dict]:
-    """A closed DuckDB file's rows of one table, sorted."""
+    """A closed DuckDB file's rows of one table (its declared columns: not the lake's _lake_seq), sorted."""
+    from forksight.base.tables import TABLES
+
     with duckdb.connect(db, read_only=True) as conn:
-        return sort(conn.sql(f"SELECT * FROM {name}").to_arrow_table(), name)
+        return sort(conn.sql(f"SELECT {', '.join(TABLES[name].names)} FROM {name}").to_arrow_table(), name)
 
 
 def lake_rows(catalog, name: str, collector: str) -> list[dict]:

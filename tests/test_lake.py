@@ -188,9 +188,10 @@ def test_a_commit_conflict_with_another_collector_is_retried_and_lands_once(tmp_
             store.close()
 
 
-def test_compact_keeps_the_outbox_so_thinned_token_rows_still_reach_the_lake(tmp_path):
+def test_compact_waits_until_the_lake_has_the_token_rows_it_would_thin(tmp_path):
     from forksight.base.records import tokens_table
     from forksight.monitor.collector.compact import compact_file
+    from forksight.monitor.lake.outbox import refuse_thinning_unsent
 
     uri, wh, db = f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh"), str(tmp_path / "a.duckdb")
     catalog = open_catalog(uri, wh)
@@ -202,18 +203,21 @@ def test_compact_keeps_the_outbox_so_thinned_token_rows_still_reach_the_lake(tmp
         store.write(run, Records(tokens=tokens_table({"step": [step] * 3, "sample_id": [0, 0, 1],
                                                       "pos": [0, 1, 0]})), f"b{step}").result()
     store.close()
-    done = compact_file(db, run, 2)                  # the file keeps 3 of the 5 steps' token rows
-    assert done["token_rows_after"] == 9
+    # the outbox names the rows, the file holds them once: thinning now would keep 6 from the lake
+    with pytest.raises(LakeError, match="has not got 15 token rows of run"):
+        compact_file(db, run, 2, check=refuse_thinning_unsent)
     store = Store(db)
     try:
+        assert store.reader.row_counts(run)["tokens"] == 15           # refused before touching anything
         lake = start_lake(store, catalog, uri=uri, warehouse=wh, commit_seconds=3600)   # the stored id
         lake.stop()
         assert lake.collector == "c"
         lake.cycle(force=True)
         assert sorted({r["step"] for r in lake_rows(catalog, "tokens", "c")}) == list(range(5))
-        assert len(lake_rows(catalog, "tokens", "c")) == 15
     finally:
         store.close()
+    done = compact_file(db, run, 2, check=refuse_thinning_unsent)    # drained: the file keeps 3 of 5 steps
+    assert done["token_rows_after"] == 9 and len(lake_rows(catalog, "tokens", "c")) == 15
 
 
 def test_stop_drains_the_whole_backlog_and_says_what_a_short_timeout_left(tmp_path, caplog):
@@ -244,5 +248,35 @@ def test_stop_drains_the_whole_backlog_and_says_what_a_short_timeout_left(tmp_pa
         assert sum(full.stop(timeout=60).values()) == 0        # one stop drains batch after batch
         got = sorted((r["step"], r["value"]) for r in lake_rows(catalog, "scalars", "c"))
         assert got == [(s, pytest.approx(s / 3)) for s in range(48)]      # each row once
+    finally:
+        store.close()
+
+
+def test_new_entries_hold_no_rows_and_an_older_forksights_blob_entries_still_reach_the_lake(tmp_path):
+    from forksight.monitor.lake.outbox import SEQ, Outbox, _encode
+
+    uri, wh = f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh")
+    catalog = open_catalog(uri, wh)
+    store = Store(str(tmp_path / "a.duckdb"))
+    try:
+        run = store.create_run("r")
+        store.lake_outbox = outbox = Outbox(store, "c")
+        new = [{"step": s, "key": "k", "value": s / 4} for s in range(6)]
+        store.write(run, Records(scalars=scalars_table(new)), "b0").result()
+        # an entry as the blob outbox wrote it: its rows only in the blob, not in the table
+        old = scalars_table([{"step": 100 + s, "key": "old", "value": -s / 8} for s in range(3)])
+        store.call(lambda cur: cur.execute("INSERT INTO lake_outbox VALUES (?, 'scalars', ?, 3, [100, 101, 102], ?)",
+                                           [outbox._next, run, _encode(old)]))
+        entries = store.call(lambda cur: cur.execute(
+            f"SELECT {SEQ}, nrows, data IS NULL FROM lake_outbox ORDER BY 1").fetchall())
+        assert [(n, empty) for _, n, empty in entries] == [(6, True), (3, False)]     # rows written once
+        tagged = store.call(lambda cur: cur.execute(
+            f"SELECT count(*) FROM scalars WHERE {SEQ} = ?", [entries[0][0]]).fetchall()[0][0])
+        assert tagged == 6
+        committer = Committer(store, outbox, catalog, uri=uri, warehouse=wh, commit_rows=1000, commit_seconds=0)
+        committer.cycle(force=True)
+        got = sorted((r["step"], r["key"], r["value"]) for r in lake_rows(catalog, "scalars", "c"))
+        assert got == sorted([(s, "k", s / 4) for s in range(6)] + [(100 + s, "old", -s / 8) for s in range(3)])
+        assert committer.health()["backlog_total"] == 0
     finally:
         store.close()

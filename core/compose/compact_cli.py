@@ -28,6 +28,7 @@ def add_parser(subparsers) -> None:
 
 def run_compact(args: argparse.Namespace) -> int:
     from forksight.monitor.collector.compact import compact_file
+    from forksight.monitor.lake.outbox import refuse_thinning_unsent
 
     try:
         if args.to_lake == (args.keep_token_steps is not None):
@@ -36,7 +37,7 @@ def run_compact(args: argparse.Namespace) -> int:
         if args.to_lake:
             done = compact_to_lake(args.db, args.run, args.lake_catalog, args.lake_warehouse)
         else:
-            done = compact_file(args.db, args.run, args.keep_token_steps)
+            done = compact_file(args.db, args.run, args.keep_token_steps, check=refuse_thinning_unsent)
     except (RuntimeError, LookupError, FileNotFoundError, ValueError, OSError) as exc:
         print(f"forksight compact: {exc}", file=sys.stderr)
         return 1

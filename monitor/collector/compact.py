@@ -95,9 +95,10 @@ def open_run_file(db: str, run_id: str):
         raise
     return conn, size_before
 
-def compact_file(db: str, run_id: str, keep: int) -> dict:
+def compact_file(db: str, run_id: str, keep: int, check=None) -> dict:
     """Thin one run's token rows in the DuckDB file `db` and shrink the file; clear errors when
-    the file is held by a collector, missing, damaged, or has no such run."""
+    the file is held by a collector, missing, damaged, or has no such run. check(conn, run_id), given
+    by the roof, may refuse first (raising), e.g. while the lake has not got the run's rows yet."""
     import duckdb
 
     from forksight.monitor.collector.dbfile import open_failure
@@ -107,6 +108,8 @@ def compact_file(db: str, run_id: str, keep: int) -> dict:
     kept_steps([], keep)  # the same check before the file is touched
     conn, size_before = open_run_file(db, run_id)
     try:
+        if check is not None:
+            check(conn, run_id)
         done = thin_tokens(conn.cursor(), run_id, keep)
         conn.execute("CHECKPOINT")
         rewrite_file(conn, db)

@@ -25,7 +25,8 @@ def export_tables(cur, run_id: str, out_dir: str) -> dict[str, int]:
         written[table] = int(rows)
         if rows:
             target = os.path.join(out_dir, table).replace("'", "''")
-            cur.execute(f"COPY (SELECT * FROM {table} WHERE run_id = '{run_id}') TO '{target}' "
+            cols = ", ".join(TABLES[table].names)      # the declared columns (not the lake's _lake_seq)
+            cur.execute(f"COPY (SELECT {cols} FROM {table} WHERE run_id = '{run_id}') TO '{target}' "
                         "(FORMAT PARQUET, PARTITION_BY (run_id), OVERWRITE_OR_IGNORE true)")
     return written
 

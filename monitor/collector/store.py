@@ -137,9 +137,9 @@ class Store(StoreHealth):
         self._keys: dict[str, set[str]] = {}     # scalar keys known to be in scalar_keys, per run
         self._on_close: list[Callable[[], None]] = []
         self._closed = False
-        # the lake's outbox (forksight.monitor.lake): (cur, [(table, run_id, rows), ...]) once per write
-        # group, in its transaction, just before it commits
-        self.lake_outbox: Callable[[Any, list[tuple[str, str, pa.Table]]], None] | None = None
+        # the lake's outbox (forksight.monitor.lake.outbox.Outbox): tag(table, run_id, rows) numbers each
+        # table's rows before they are inserted, put(cur, entries) records them, in the write's transaction
+        self.lake_outbox: Any = None
         self._wcur = self._conn.cursor()
         self._thread = threading.Thread(target=self._run, name="forksight-store-writer", daemon=True)
         self._thread.start()
@@ -320,7 +320,7 @@ class Store(StoreHealth):
                     job.conflict = (f"batch id {job.batch_id!r} of run {job.run_id!r} was stored before with "
                                     "other content; nothing of this one was stored: send new content under a new id")
             fresh = [j for j in jobs if not j.duplicate]
-            outbox: list[tuple[str, str, pa.Table]] = []
+            outbox: list = []
             for run_id in dict.fromkeys(j.run_id for j in fresh):
                 mine = [j for j in fresh if j.run_id == run_id]
                 for name in DATA_TABLES:
@@ -328,9 +328,13 @@ class Store(StoreHealth):
                     if parts:
                         # one contiguous chunk: DuckDB inserts it ~1.4x faster than many small ones
                         data = pa.concat_tables(parts).combine_chunks()
-                        insert_arrow(cur, name, data, run_id)
-                        if self.lake_outbox is not None:     # committed (or not) with the rows themselves
-                            outbox.append((name, run_id, data))
+                        if self.lake_outbox is None:
+                            insert_arrow(cur, name, data, run_id)
+                        else:     # numbered for the lake, committed (or not) with the rows themselves
+                            tagged, entry = self.lake_outbox.tag(name, run_id, data)
+                            insert_arrow(cur, name, tagged, run_id)
+                            if entry is not None:
+                                outbox.append(entry)
                         if name == "tokens":     # the step list the tokens page reads
                             add_token_steps(cur, run_id, pa.concat_arrays([pc.unique(t["step"]) for t in parts]))
                         if name == "scalars":    # the run's step span, kept on its row for the runs list
@@ -349,7 +353,7 @@ class Store(StoreHealth):
                     self._beat[run_id] = time.time()
                     cur.execute("UPDATE runs SET heartbeat = ? WHERE run_id = ?", [time.time(), run_id])
             if outbox:                   # one statement for the group: each costs ~1 ms on the writer
-                self.lake_outbox(cur, outbox)
+                self.lake_outbox.put(cur, outbox)
             ids = [j for j in fresh if j.batch_id is not None]
             if ids:
                 insert_arrow(cur, "batches", pa.table({

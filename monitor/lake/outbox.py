@@ -1,16 +1,17 @@
-"""The outbox in the collector's DuckDB file: every data row a write group stores is also put, in the
-same transaction, into `lake_outbox` under a sequence number (`_lake_seq`), so a row the collector
-acknowledged is either in the lake or waiting here. The committer drains it in sequence order.
-One entry is one table's rows of one run of one group as an Arrow IPC stream (lz4): about 5x less
-work for the writer than inserting the rows a second time, and it carries its own columns (a column
-added later is simply absent from older entries). `lake_outbox_<table>` views list the (run_id, step)
-of what waits."""
+"""The outbox in the collector's DuckDB file: every data row a write group stores carries, in the same
+transaction, a sequence number (`_lake_seq`, a column the lake adds to the file's step tables), and
+`lake_outbox` gets one small entry per sequence number (table, run, row count, steps), so a row the
+collector acknowledged is either in the lake or waiting here. The rows are written once: the committer
+reads an entry's rows back from the table by their number, in sequence order. (Entries a forksight
+before this one wrote carry their rows as an Arrow IPC blob in `data`; they are read from it.)
+`lake_outbox_<table>` views list the (run_id, step) of what waits."""
 from __future__ import annotations
 
 import re
 import socket
 import uuid
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
@@ -43,10 +44,36 @@ def outbox_sql() -> str:
 
 
 def _encode(data: pa.Table) -> bytes:
+    """An entry's rows as the blob format of older outboxes (tests write such entries with it)."""
     sink = pa.BufferOutputStream()
     with ipc.new_stream(sink, data.schema, options=_IPC) as writer:
         writer.write_table(data)
     return sink.getvalue().to_pybytes()
+
+
+def add_seq_columns(cur) -> None:
+    """The step tables' `_lake_seq` column (null on rows stored without a lake)."""
+    for name in sorted(_STEP_NAMES):
+        cur.execute(f"ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {SEQ} BIGINT")
+
+
+def refuse_thinning_unsent(conn, run_id: str) -> None:
+    """LakeError when the outbox still holds token rows of `run_id`: they are read back from the file
+    by number, so thinning them now would keep them out of the lake."""
+    waiting = pending_rows(conn, "tokens", run_id)
+    if waiting:
+        raise LakeError(f"the lake has not got {waiting} token rows of run {run_id!r} yet (they wait in this file's "
+                        "lake outbox): start `forksight serve` with its --lake-catalog until GET /api/health/lake "
+                        "shows backlog 0, then compact")
+
+
+def pending_rows(cur, table: str, run_id: str) -> int:
+    """Rows of `run_id` in `table` the lake has not got yet (0 for a file that never had a lake)."""
+    has = cur.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'lake_outbox'").fetchall()
+    if not has[0][0]:
+        return 0
+    return int(cur.execute("SELECT coalesce(sum(nrows), 0) FROM lake_outbox WHERE tbl = ? AND run_id = ?",
+                           [table, run_id]).fetchall()[0][0])
 
 
 def _decode(blob: bytes, run_id: str) -> pa.Table:
@@ -91,6 +118,7 @@ class Outbox:
     def _setup(self, cur, wanted: str | None) -> tuple[str, int]:
         _drop_row_outboxes(cur)
         cur.execute(outbox_sql())
+        add_seq_columns(cur)
         stored = _state(cur, "collector_id")
         if wanted is not None and not COLLECTOR_ID_RE.match(wanted):
             raise LakeError(f"--collector-id {wanted!r}: use 1-64 letters, digits, . _ - (starting with a letter "
@@ -113,17 +141,21 @@ class Outbox:
         self.store.call(bump)
 
     # -- on the writer thread, inside the write's transaction
-    def __call__(self, cur, entries: list[tuple[str, str, pa.Table]]) -> None:
-        """Put a write group's (table, run_id, rows) in the outbox, in order: one INSERT per
-        ENTRIES_PER_INSERT entries (a statement costs the writer about a millisecond)."""
-        rows = []
-        for table, run_id, data in entries:
-            if table not in _STEP_NAMES:
-                continue
-            seq, self._next = self._next, self._next + 1   # a rolled-back group leaves a gap: harmless
-            rows.append([seq, table, run_id, data.num_rows, pc.unique(data["step"]).to_pylist(), _encode(data)])
-        for i in range(0, len(rows), ENTRIES_PER_INSERT):
-            part = rows[i:i + ENTRIES_PER_INSERT]
+    def tag(self, table: str, run_id: str, data: pa.Table) -> tuple[pa.Table, list | None]:
+        """(`data` with its sequence number in `_lake_seq`, the outbox entry to `put`); a table the
+        lake does not keep passes unchanged (entry None)."""
+        if table not in _STEP_NAMES:
+            return data, None
+        seq, self._next = self._next, self._next + 1   # a rolled-back group leaves a gap: harmless
+        n = data.num_rows
+        entry = [seq, table, run_id, n, pc.unique(data["step"]).to_pylist(), None]
+        return data.append_column(SEQ, pa.array(np.full(n, seq, dtype=np.int64))), entry
+
+    def put(self, cur, entries: list[list]) -> None:
+        """The write group's entries, one INSERT per ENTRIES_PER_INSERT (a statement costs the writer
+        about a millisecond)."""
+        for i in range(0, len(entries), ENTRIES_PER_INSERT):
+            part = entries[i:i + ENTRIES_PER_INSERT]
             cur.execute("INSERT INTO lake_outbox VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?)"] * len(part)),
                         [v for row in part for v in row])
 
@@ -133,10 +165,16 @@ class Outbox:
         return cur.execute(f"SELECT {SEQ}, nrows FROM lake_outbox WHERE tbl = ? ORDER BY 1", [table]).fetchall()
 
     def rows(self, cur, table: str, lo: int, hi: int) -> pa.Table:
-        """The rows numbered lo..hi, with their run_id."""
-        parts = [_decode(blob, run_id) for run_id, blob in cur.execute(
-            f"SELECT run_id, data FROM lake_outbox WHERE tbl = ? AND {SEQ} BETWEEN ? AND ? ORDER BY {SEQ}",
-            [table, lo, hi]).fetchall()]
+        """The rows numbered lo..hi, with their run_id: read back from `table` by their number (sorted
+        by number and step: the lake's files stay ordered by step), and any older entry's blob."""
+        from forksight.base.tables import TABLES
+
+        cols = ", ".join(TABLES[table].names)
+        parts = [cur.sql(f"SELECT {cols} FROM {table} WHERE {SEQ} BETWEEN ? AND ? ORDER BY {SEQ}, step",
+                         params=[lo, hi]).to_arrow_table()]
+        parts += [_decode(blob, run_id) for run_id, blob in cur.execute(
+            f"SELECT run_id, data FROM lake_outbox WHERE tbl = ? AND {SEQ} BETWEEN ? AND ? AND data IS NOT NULL "
+            f"ORDER BY {SEQ}", [table, lo, hi]).fetchall()]
         return pa.concat_tables(parts, promote_options="permissive")
 
     def drop(self, table: str, hi: int) -> int:
