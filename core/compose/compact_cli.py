@@ -5,6 +5,8 @@ import argparse
 import json
 import sys
 
+from forksight.compose.lake_cli import add_lake_option
+
 
 def add_parser(subparsers) -> None:
     """Register `compact`."""
@@ -23,6 +25,7 @@ def add_parser(subparsers) -> None:
     compact.add_argument("--lake-catalog", metavar="URI", default=None, help="the lake's catalog (with --to-lake)")
     compact.add_argument("--lake-warehouse", metavar="LOCATION", default=None,
                          help="the lake's warehouse (with --to-lake)")
+    add_lake_option(compact)
     compact.set_defaults(func=run_compact)
 
 
@@ -35,7 +38,8 @@ def run_compact(args: argparse.Namespace) -> int:
             raise ValueError("give one of --keep-token-steps N (thin the run's token rows) or --to-lake "
                              "--lake-catalog URI --lake-warehouse LOCATION (move them to the lake)")
         if args.to_lake:
-            done = compact_to_lake(args.db, args.run, args.lake_catalog, args.lake_warehouse)
+            done = compact_to_lake(args.db, args.run, args.lake_catalog, args.lake_warehouse,
+                                   dict(args.lake_option))
         else:
             done = compact_file(args.db, args.run, args.keep_token_steps, check=refuse_thinning_unsent)
     except (RuntimeError, LookupError, FileNotFoundError, ValueError, OSError) as exc:
@@ -45,7 +49,8 @@ def run_compact(args: argparse.Namespace) -> int:
     return 0
 
 
-def compact_to_lake(db: str, run_id: str, uri: str | None, warehouse: str | None) -> dict:
+def compact_to_lake(db: str, run_id: str, uri: str | None, warehouse: str | None,
+                    options: dict[str, str] | None = None) -> dict:
     """Move the run's committed token rows out of `db` (monitor/lake/move_tokens.py), then shrink the file."""
     import os
 
@@ -57,7 +62,8 @@ def compact_to_lake(db: str, run_id: str, uri: str | None, warehouse: str | None
         raise ValueError("--to-lake needs --lake-catalog URI and --lake-warehouse LOCATION (those serve wrote with)")
     if not os.path.exists(db):
         raise FileNotFoundError(f"no DuckDB file at {db}")
-    catalog = open_catalog(uri, warehouse, check=False)     # LakeError is a RuntimeError: said by run_compact
+    # LakeError is a RuntimeError: said by run_compact
+    catalog = open_catalog(uri, warehouse, check=False, properties=options)
     conn, size_before = open_run_file(db, run_id)
     try:
         done = move_tokens(conn, catalog, run_id)

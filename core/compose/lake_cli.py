@@ -10,6 +10,25 @@ from datetime import datetime, timedelta, timezone
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+OPTION_EXAMPLE = "e.g. --lake-option s3.endpoint=http://127.0.0.1:9000"
+
+
+def lake_option(text: str) -> tuple[str, str]:
+    """One `--lake-option KEY=VALUE` as (key, value); the value is never echoed (it may be a secret)."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"no '=' in it (value not shown: it may be a secret); give KEY=VALUE, "
+                                         f"{OPTION_EXAMPLE}")
+    if not key.strip():
+        raise argparse.ArgumentTypeError(f"the key before '=' is empty; give KEY=VALUE, {OPTION_EXAMPLE}")
+    return key.strip(), value
+
+
+def add_lake_option(parser) -> None:
+    """Register the repeatable `--lake-option KEY=VALUE` (pyiceberg catalog and FileIO properties)."""
+    parser.add_argument("--lake-option", metavar="KEY=VALUE", type=lake_option, action="append", default=[],
+                        help="a catalog property for pyiceberg (repeatable), e.g. s3.endpoint=URL, "
+                        "s3.access-key-id=ID, s3.secret-access-key=KEY, s3.region=us-east-1 (docs/lake.md)")
 
 
 def add_parser(subparsers) -> None:
@@ -22,6 +41,7 @@ def add_parser(subparsers) -> None:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--lake-catalog", metavar="URI", required=True, help="as given to forksight serve")
         p.add_argument("--lake-warehouse", metavar="LOCATION", required=True, help="as given to forksight serve")
+        add_lake_option(p)
         p.add_argument("--table", action="append", default=None,
                        help="only this table (repeatable; default all: runs scalars tokens samples histograms alerts)")
         if name == "compact":
@@ -55,7 +75,8 @@ def run_lake(args: argparse.Namespace) -> int:
         older = parse_older_than(args.older_than) if args.lake_command == "expire" else None
         if args.lake_command == "compact" and args.min_files < 2:
             raise ValueError(f"--min-files must be >= 2 (got {args.min_files})")
-        catalog = open_catalog(args.lake_catalog, args.lake_warehouse, check=False)
+        catalog = open_catalog(args.lake_catalog, args.lake_warehouse, check=False,
+                               properties=dict(args.lake_option))
         done = run_maintenance(catalog, args.lake_command, tables=args.table,
                                min_files=getattr(args, "min_files", 2), older_than=older)
     except (LakeError, ValueError) as exc:

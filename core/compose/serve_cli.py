@@ -8,6 +8,8 @@ import signal
 import sys
 import threading
 
+from forksight.compose.lake_cli import add_lake_option
+
 SAY_VERIFY_BYTES = 1 << 30      # from this size on, serve says it is checking the file (seconds)
 DEMO_DB = "forksight-demo.duckdb"  # `forksight demo`'s default file
 
@@ -45,6 +47,7 @@ def add_parser(subparsers) -> None:
                       "sqlite:///catalog.db) or an Iceberg REST URL (https://...)")
     lake.add_argument("--lake-warehouse", metavar="LOCATION", default=None,
                       help="where the lake's files go: a directory, s3://... or gs://...")
+    add_lake_option(lake)
     lake.add_argument("--lake-commit-rows", type=int, default=None, metavar="N",
                       help="commit a table once this many rows wait (default 500000)")
     lake.add_argument("--lake-commit-seconds", type=float, default=None, metavar="S",
@@ -193,8 +196,9 @@ def _lake_catalog(args: argparse.Namespace):
     """The lake's catalog, reached and checked now (None without --lake-catalog); LakeError says why not."""
     if args.lake_catalog is None:
         if args.lake_warehouse or args.lake_commit_rows is not None or args.lake_commit_seconds is not None \
-                or args.collector_id:
-            raise RuntimeError("--lake-warehouse, --lake-commit-* and --collector-id need --lake-catalog URI")
+                or args.collector_id or args.lake_option:
+            raise RuntimeError("--lake-warehouse, --lake-option, --lake-commit-* and --collector-id need "
+                               "--lake-catalog URI")
         return None
     if not args.lake_warehouse:
         raise RuntimeError("--lake-catalog needs --lake-warehouse LOCATION (a directory, s3://... or gs://...)")
@@ -209,19 +213,22 @@ def _lake_catalog(args: argparse.Namespace):
         raise RuntimeError(f"--collector-id {args.collector_id!r}: use 1-64 letters, digits, . _ - (starting "
                            "with a letter or digit), e.g. the host's name")
 
-    return open_catalog(args.lake_catalog, args.lake_warehouse)
+    return open_catalog(args.lake_catalog, args.lake_warehouse, properties=dict(args.lake_option))
 
 
 def _start_lake(args: argparse.Namespace, store, catalog):
     """The lake's committer over `store` (None without a catalog)."""
     if catalog is None:
         return None
+    from forksight.monitor.lake.catalog import redact_options
     from forksight.monitor.lake.service import DEFAULT_COMMIT_ROWS, DEFAULT_COMMIT_SECONDS, start_lake
 
     lake = start_lake(store, catalog, uri=args.lake_catalog, warehouse=args.lake_warehouse,
                       collector_id=args.collector_id, commit_rows=args.lake_commit_rows or DEFAULT_COMMIT_ROWS,
                       commit_seconds=args.lake_commit_seconds or DEFAULT_COMMIT_SECONDS)
-    print(f"forksight lake: collector {lake.collector} commits to {lake.uri} ({args.lake_warehouse})", flush=True)
+    options = f", options {redact_options(dict(args.lake_option))}" if args.lake_option else ""
+    print(f"forksight lake: collector {lake.collector} commits to {lake.uri} ({args.lake_warehouse}{options})",
+          flush=True)
     return lake
 
 

@@ -13,6 +13,8 @@ CATALOG_NAME = "forksight"
 CONNECT_TIMEOUT_S = 5
 EXAMPLES = "e.g. postgresql+psycopg2://user:password@host:5432/db, sqlite:////var/lib/forksight/catalog.db " \
            "or https://iceberg-rest.example.com"
+SECRET_WORDS = ("secret", "password", "token", "key")
+NOT_SECRET = ("access-key-id",)      # names who signs, like a user name: shown so a wrong one can be seen
 
 
 def redact(uri: str) -> str:
@@ -21,6 +23,22 @@ def redact(uri: str) -> str:
     if parsed.password:
         return uri.replace(f":{parsed.password}@", ":***@", 1)
     return uri
+
+
+def redact_options(properties: dict[str, str] | None) -> dict[str, str]:
+    """`--lake-option` properties for messages and logs: a value whose key names a secret is ***."""
+    def secret(key: str) -> bool:
+        key = key.lower()
+        return any(w in key for w in SECRET_WORDS) and not key.endswith(NOT_SECRET)
+    return {k: "***" if secret(k) and v else v for k, v in (properties or {}).items()}
+
+
+def _scrub(text: str, properties: dict[str, str] | None) -> str:
+    """`text` with every secret option's value replaced (a driver's message may quote it)."""
+    for key, shown in redact_options(properties).items():
+        if shown == "***":
+            text = text.replace(properties[key], "***")
+    return text
 
 
 def warehouse_location(location: str) -> str:
@@ -38,20 +56,22 @@ def warehouse_location(location: str) -> str:
     return "file://" + path
 
 
-def open_catalog(uri: str, warehouse: str, *, check: bool = True):
+def open_catalog(uri: str, warehouse: str, *, check: bool = True, properties: dict[str, str] | None = None):
     """The catalog for `uri`; check: reach it now (create the namespace and the six tables, evolve their
-    schemas), so a wrong URI or an incompatible lake is refused at start."""
+    schemas), so a wrong URI or an incompatible lake is refused at start. properties: more catalog
+    properties (`--lake-option`), e.g. the FileIO's s3.endpoint and keys."""
     try:
         import pyiceberg  # noqa: F401
     except ImportError:
         raise LakeError("the lake needs pyiceberg: pip install 'forksight[lake]'") from None
     location = warehouse_location(warehouse)
+    extra = dict(properties or {})
     scheme = urlparse(uri).scheme.lower() if uri else ""
     try:
         if scheme in ("http", "https"):
             from pyiceberg.catalog.rest import RestCatalog
 
-            catalog = RestCatalog(CATALOG_NAME, uri=uri, warehouse=location)
+            catalog = RestCatalog(CATALOG_NAME, **{**extra, "uri": uri, "warehouse": location})
         elif scheme.startswith(("postgresql", "sqlite", "mysql")):
             from pyiceberg.catalog.sql import SqlCatalog
             from sqlalchemy.engine import make_url
@@ -61,8 +81,9 @@ def open_catalog(uri: str, warehouse: str, *, check: bool = True):
                 # an unreachable host: an error in seconds, not the TCP timeout's minutes
                 url = url.update_query_dict({"connect_timeout": str(CONNECT_TIMEOUT_S)})
             # pre-ping: a pooled connection PostgreSQL dropped (a restart) is replaced, not an error
-            catalog = SqlCatalog(CATALOG_NAME, uri=url.render_as_string(hide_password=False), warehouse=location,
-                                 pool_pre_ping="true")
+            catalog = SqlCatalog(CATALOG_NAME, **{"pool_pre_ping": "true", **extra,
+                                                  "uri": url.render_as_string(hide_password=False),
+                                                  "warehouse": location})
         else:
             raise LakeError(f"--lake-catalog {redact(uri)!r}: not a catalog URI (scheme {scheme or 'missing'!r}); "
                             f"give a SQLAlchemy URL or an Iceberg REST URL, {EXAMPLES}")
@@ -73,8 +94,9 @@ def open_catalog(uri: str, warehouse: str, *, check: bool = True):
     except LakeError:
         raise
     except Exception as exc:  # noqa: BLE001 - every driver's failure (refused, unknown host, bad URL) said once
-        detail = " ".join(str(exc).split())[:300]
-        raise LakeError(f"cannot use the lake catalog {redact(uri)} with warehouse {location} "
+        detail = _scrub(" ".join(str(exc).split()), extra)[:300]
+        options = f" and options {redact_options(extra)}" if extra else ""
+        raise LakeError(f"cannot use the lake catalog {redact(uri)} with warehouse {location}{options} "
                         f"({type(exc).__name__}: {detail}); check the catalog is running and reachable and the "
                         f"URI is right, {EXAMPLES}") from None
     return catalog
