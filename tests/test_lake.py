@@ -24,7 +24,8 @@ from forksight.monitor.lake.committer import PROP_COLLECTOR, PROP_HI, PROP_LO, C
 from forksight.monitor.lake.errors import LakeError  # noqa: E402
 from forksight.monitor.lake.schema import conform, iceberg_schema, partition_spec  # noqa: E402
 from forksight.monitor.lake.service import start_lake  # noqa: E402
-from forksight.monitor.collector.store import Store, insert_arrow  # noqa: E402
+from forksight.monitor.collector.inserts import insert_arrow  # noqa: E402
+from forksight.monitor.collector.store import Store  # noqa: E402
 
 
 def _lake_args(tmp_path, *extra: str) -> tuple[str, ...]:

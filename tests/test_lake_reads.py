@@ -20,7 +20,8 @@ from forksight.base.records import (  # noqa: E402
     Records, alerts_table, histograms_table, samples_table, scalars_table, tokens_table,
 )
 from forksight.compose.lake_reads import tiered_reader  # noqa: E402
-from forksight.monitor.collector.store import Store, insert_arrow  # noqa: E402
+from forksight.monitor.collector.inserts import insert_arrow  # noqa: E402
+from forksight.monitor.collector.store import Store  # noqa: E402
 from forksight.monitor.lake.catalog import open_catalog  # noqa: E402
 from forksight.monitor.lake.service import start_lake  # noqa: E402
 
@@ -168,7 +169,7 @@ def test_a_lake_run_reads_only_its_own_files(lake):
     reader, _, _ = lake
     from forksight.monitor.lake.run_views import plan_files
 
-    files, snap = plan_files(reader.catalog, "tokens", "box-b", "b")
+    files, snap, _ = plan_files(reader.catalog, "tokens", "box-b", "b")
     assert files and snap is not None
     assert all("collector=box-b/run_id=b/" in f for f in files), files
 

@@ -54,7 +54,7 @@ def replay_rows(reader: Reader, run_id: str, config, vocab_size: int | None = No
 def write_rows(store, run_id: str, rows: list[dict]) -> int:
     """Replace the run's stored alerts with `rows` in one transaction; returns how many were removed."""
     from forksight.base.records import alerts_table
-    from forksight.monitor.collector.store import insert_arrow
+    from forksight.monitor.collector.inserts import insert_arrow
 
     table = alerts_table(rows)
 

@@ -19,7 +19,8 @@ from forksight.base.errors import ApiError, unknown_run
 from forksight.base.records import Records, alerts_table, finite_or_null
 from forksight.monitor.collector.faults import StoreUnavailable
 from forksight.monitor.collector.reader import Reader
-from forksight.monitor.collector.store import BatchConflict, Committed, Store, insert_arrow
+from forksight.monitor.collector.inserts import insert_arrow
+from forksight.monitor.collector.store import BatchConflict, Committed, Store
 from forksight.base.tables import HISTOGRAMS, SCALARS
 
 log = logging.getLogger("forksight.ingest")

@@ -8,7 +8,10 @@ from __future__ import annotations
 _SPAN = ("scalars",)            # runs.last_step / first_step come from the run's scalars
 _TOKENS = ("tokens",)
 NEEDS: dict[str, tuple[str, ...]] = {
-    **{m: _SPAN for m in ("run", "list_runs", "run_progress", "runs_page", "scalar_keys")},
+    # the run's row as the lake's runs table has it (its committer syncs it with each commit); a read
+    # of its scalars then sets the span from the rows themselves
+    "run": (),
+    **{m: _SPAN for m in ("list_runs", "run_progress", "runs_page", "scalar_keys")},
     **{m: () for m in ("has_run", "read_alerts", "read_alerts_page", "alert_detectors")},
     **{m: _TOKENS for m in ("token_steps", "token_step_span", "first_token_steps",
                             "nearest_token_steps", "spread_token_steps", "read_tokens")},

@@ -28,7 +28,7 @@ def _collector(conn) -> str:
 def lake_step_counts(conn, catalog, collector: str, run_id: str) -> dict[int, int]:
     """Token rows per step of (collector, run_id) in the lake, counted by DuckDB over the planned files
     (one column read, in bounded memory), or by pyiceberg when the plan cannot be read directly."""
-    files, _ = plan_files(catalog, "tokens", collector, run_id)
+    files, _, _ = plan_files(catalog, "tokens", collector, run_id)
     if files is None:
         from pyiceberg.expressions import And, EqualTo
 

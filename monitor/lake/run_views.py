@@ -16,6 +16,7 @@ from forksight.base.tables import (
 from forksight.monitor.lake.schema import COLLECTOR, STEP_TABLES, identifier
 
 ROWID_SQL = "(hash(filename) % 4194304)::BIGINT * 1099511627776 + file_row_number"   # 2^22 files x 2^40 rows
+LOAD_BYTES = 4 << 20  # a lake run's scalars/histograms/samples up to this many Parquet bytes: loaded
 SHOWN_SEP = "@"      # a lake-only run is shown as '<run_id>@<collector>' (and named '<name>@<collector>')
 
 
@@ -34,9 +35,9 @@ def _local_path(path: str) -> str | None:
     return None if "://" in path else path
 
 
-def plan_files(catalog, table: str, collector: str, run_id: str) -> tuple[list[str] | None, int | None]:
-    """(local data files of one run in `table`, the snapshot planned); files None when the plan has
-    delete files or non-local paths (then the rows are read through pyiceberg instead)."""
+def plan_files(catalog, table: str, collector: str, run_id: str) -> tuple[list[str] | None, int | None, int]:
+    """(local data files of one run in `table`, the snapshot planned, their bytes); files None when
+    the plan has delete files or non-local paths (then the rows are read through pyiceberg instead)."""
     from pyiceberg.expressions import And, EqualTo
 
     t = catalog.load_table(identifier(table))
@@ -44,9 +45,10 @@ def plan_files(catalog, table: str, collector: str, run_id: str) -> tuple[list[s
     tasks = list(t.scan(row_filter=And(EqualTo(COLLECTOR, collector), EqualTo("run_id", run_id)),
                         selected_fields=("*",)).plan_files())
     paths = [_local_path(task.file.file_path) for task in tasks]
+    size = sum(int(task.file.file_size_in_bytes or 0) for task in tasks)
     if any(task.delete_files for task in tasks) or any(p is None for p in paths):
-        return None, snap.snapshot_id if snap else None
-    return paths, snap.snapshot_id if snap else None
+        return None, snap.snapshot_id if snap else None, size
+    return paths, snap.snapshot_id if snap else None, size
 
 
 def _scan_arrow(catalog, table: str, collector: str, run_id: str) -> pa.Table:
@@ -72,7 +74,7 @@ def _columns_sql(spec, have: set[str], shown: str) -> str:
 def _table_sql(conn, catalog, spec, collector: str, run_id: str, shown: str) -> int | None:
     """Create `spec`'s table in conn: a view over the run's planned Parquet files (or the rows read
     through pyiceberg); the snapshot planned."""
-    files, snap = plan_files(catalog, spec.name, collector, run_id)
+    files, snap, size = plan_files(catalog, spec.name, collector, run_id)
     where = f"{COLLECTOR} = {_literal(collector)} AND run_id = {_literal(run_id)}"
     if files is None:        # delete files or an object store: read through pyiceberg (bounded by the run)
         data = _scan_arrow(catalog, spec.name, collector, run_id)
@@ -89,7 +91,10 @@ def _table_sql(conn, catalog, spec, collector: str, run_id: str, shown: str) -> 
         # tokens: a `rowid` as a table has (the token page's keyset cursor breaks ties with it):
         # the file (hashed) and the row's number in it, unique within the run's files
         extra = f", {ROWID_SQL} AS rowid" if spec.name == "tokens" else ""
-        conn.execute(f"CREATE VIEW {spec.name} AS SELECT {_columns_sql(spec, have, shown)}{extra} "
+        # a small table a page reads many times is loaded once (as fast as the file's own tables
+        # then); the tokens, and any table past the bound, stay a view read per query
+        kind = "TABLE" if spec.name != "tokens" and size <= LOAD_BYTES else "VIEW"
+        conn.execute(f"CREATE {kind} {spec.name} AS SELECT {_columns_sql(spec, have, shown)}{extra} "
                      f"FROM {source} WHERE {where}")
     return snap
 
