@@ -3,4 +3,5 @@ import sys
 
 from forksight.compose.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":       # not when a spawned child (the lake writer) imports this module
+    sys.exit(main())

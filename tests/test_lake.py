@@ -20,9 +20,10 @@ from lake_util import (  # noqa: E402
 from forksight.base.records import Records, alerts_table, scalars_table  # noqa: E402
 from forksight.base.tables import SCALARS, TOKENS, Table  # noqa: E402
 from forksight.monitor.lake.catalog import open_catalog  # noqa: E402
-from forksight.monitor.lake.committer import PROP_COLLECTOR, PROP_HI, PROP_LO, Committer  # noqa: E402
+from forksight.monitor.lake.committer import Committer  # noqa: E402
+from forksight.monitor.lake.writer import PROP_COLLECTOR, PROP_HI, PROP_LO, LakeWriter  # noqa: E402
 from forksight.monitor.lake.errors import LakeError  # noqa: E402
-from forksight.monitor.lake.schema import conform, iceberg_schema, partition_spec  # noqa: E402
+from forksight.monitor.lake.schema import iceberg_schema, partition_spec  # noqa: E402
 from forksight.monitor.lake.service import start_lake  # noqa: E402
 from forksight.monitor.collector.inserts import insert_arrow  # noqa: E402
 from forksight.monitor.collector.store import Store  # noqa: E402
@@ -177,8 +178,8 @@ def test_a_commit_conflict_with_another_collector_is_retried_and_lands_once(tmp_
         stale = catalog.load_table("forksight.scalars")     # a's view of the table, before b commits
         lakes[1].cycle(force=True)
         data = lakes[0].outbox.rows(stores[0].read_cursor(), "scalars", 1, 10**9)
-        with caplog.at_level(logging.INFO, logger="forksight.lake"):
-            lakes[0]._append(stale, "scalars", conform(data, "a", stale), 1, 1)
+        with caplog.at_level(logging.INFO, logger="forksight.lake"):     # a's writer, in this process
+            LakeWriter(catalog, "a").append("scalars", data, 1, 1, table=stale)
         assert "scalars commit conflicted with another writer" in caplog.text     # refused once, retried
         table = catalog.load_table("forksight.scalars")
         assert sorted(r["key"] for r in table.scan().to_arrow().to_pylist()) == ["a"] * 10 + ["b"] * 10
@@ -279,5 +280,36 @@ def test_new_entries_hold_no_rows_and_an_older_forksights_blob_entries_still_rea
         got = sorted((r["step"], r["key"], r["value"]) for r in lake_rows(catalog, "scalars", "c"))
         assert got == sorted([(s, "k", s / 4) for s in range(6)] + [(100 + s, "old", -s / 8) for s in range(3)])
         assert committer.health()["backlog_total"] == 0
+    finally:
+        store.close()
+
+
+def test_commits_run_in_a_nice_child_process_that_is_replaced_when_it_dies(tmp_path):
+    import os
+    import signal
+
+    from forksight.monitor.lake.writer_process import CHILD_NICE, ProcessWriter
+
+    uri, wh = f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh")
+    catalog = open_catalog(uri, wh)
+    store = Store(str(tmp_path / "a.duckdb"))
+    try:
+        run = store.create_run("r")
+        lake = start_lake(store, catalog, uri=uri, warehouse=wh, collector_id="c", commit_seconds=3600)
+        lake._stop.set()                         # no background cycles: this test drives them
+        writer = lake.writer
+        assert isinstance(writer, ProcessWriter)
+        child = writer._proc.pid
+        assert child != os.getpid() and os.getpriority(os.PRIO_PROCESS, child) == CHILD_NICE
+        for b in range(2):
+            rows = [{"step": b * 5 + s, "key": "k", "value": s / 3} for s in range(5)]
+            store.write(run, Records(scalars=scalars_table(rows)), f"b{b}").result()
+            if b == 1:                            # the child is killed between two commits
+                os.kill(child, signal.SIGKILL)
+                writer._proc.wait(10)
+            lake.cycle(force=True)
+        assert writer._proc.pid != child          # a new child made the second commit
+        assert sorted(r["step"] for r in lake_rows(catalog, "scalars", "c")) == list(range(10))
+        lake.writer.close()
     finally:
         store.close()

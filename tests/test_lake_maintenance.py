@@ -17,7 +17,7 @@ from forksight.compose.cli import main  # noqa: E402
 from forksight.compose.lake_cli import parse_older_than  # noqa: E402
 from forksight.monitor.collector.store import Store  # noqa: E402
 from forksight.monitor.lake.catalog import open_catalog  # noqa: E402
-from forksight.monitor.lake.committer import committed_seq  # noqa: E402
+from forksight.monitor.lake.writer import committed_seq  # noqa: E402
 from forksight.monitor.lake.service import start_lake  # noqa: E402
 
 TABLES = ("scalars", "tokens", "runs")

@@ -11,57 +11,40 @@ import random
 import sys
 import threading
 import time
-import warnings
 
 from forksight.monitor.lake.catalog import redact
 from forksight.monitor.lake.outbox import Outbox, backlog
-from forksight.monitor.lake.schema import COLLECTOR, STEP_TABLES, conform, identifier
+from forksight.monitor.lake.schema import STEP_TABLES
+from forksight.monitor.lake.writer import LakeWriter
 
 log = logging.getLogger("forksight.lake")
-# an overwrite of runs that are new to the lake deletes nothing: expected, not worth a warning
-warnings.filterwarnings("ignore", message="Delete operation did not match any records")
 
-PROP_COLLECTOR = "forksight.collector"
-PROP_LO, PROP_HI = "forksight.seq-lo", "forksight.seq-hi"
 POLL_S = 0.5             # how often the outbox is looked at
 MAX_BACKOFF_S = 30.0     # a catalog that is down is asked again at most this far apart
-CONFLICT_TRIES = 8       # commit conflicts with other collectors, on top of pyiceberg's own retries
 STOP_DRAIN_S = 30.0      # stop() drains the whole backlog for at most this long
-NICE = 10                # the committer's OS priority: below ingest's (Linux: a per-thread nice)
+NICE = 10                # the committer thread's OS priority: below ingest's (Linux: a per-thread nice)
 PAUSE_ENV = "FORKSIGHT_LAKE_PAUSE_AFTER_COMMIT"   # tests: seconds to sleep between the commit and the delete
 
 
 def _lower_priority() -> None:
-    """Run this thread (and the threads it starts: pyarrow's, pyiceberg's) at nice NICE, so the
-    commit's CPU goes to what ingest leaves; where a per-thread nice is not there, nothing changes."""
+    """Run this thread at nice NICE, so what it does itself (reading the outbox) goes after ingest;
+    where a per-thread nice is not there, nothing changes."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
     except (AttributeError, OSError) as exc:
         log.info("lake: the committer runs at normal priority (%s)", exc)
 
 
-def watermark_key(collector: str) -> str:
-    return f"forksight.committed-seq.{collector}"
-
-
-def committed_seq(table, collector: str) -> int:
-    """The highest outbox sequence number of `collector` the table holds (its property survives
-    `lake expire`; the snapshot summaries are the record of each commit)."""
-    top = int(table.properties.get(watermark_key(collector), 0))
-    for snap in table.metadata.snapshots:
-        props = snap.summary.additional_properties if snap.summary is not None else {}
-        if props.get(PROP_COLLECTOR) == collector and PROP_HI in props:
-            top = max(top, int(props[PROP_HI]))
-    return top
-
-
 class Committer:
     """Drains `outbox` into `catalog` in batches of `commit_rows` rows or every `commit_seconds`."""
 
     def __init__(self, store, outbox: Outbox, catalog, *, uri: str, warehouse: str,
-                 commit_rows: int, commit_seconds: float):
+                 commit_rows: int, commit_seconds: float, writer=None):
+        """writer: where the Iceberg commits run (LakeWriter: this thread; writer_process.ProcessWriter:
+        a child process); default this thread."""
         self.store, self.outbox, self.catalog = store, outbox, catalog
         self.collector = outbox.collector_id
+        self.writer = writer or LakeWriter(catalog, self.collector)
         self.uri, self.warehouse = redact(uri), warehouse
         self.commit_rows, self.commit_seconds = commit_rows, commit_seconds
         self._first_seen: dict[str, float] = {}
@@ -80,7 +63,7 @@ class Committer:
         """On start: drop outbox rows the lake already holds (a crash after a commit); rows dropped per table."""
         dropped, top = {}, 0
         for spec in STEP_TABLES:
-            done = committed_seq(self.catalog.load_table(identifier(spec.name)), self.collector)
+            done = self.writer.committed(spec.name)
             top = max(top, done)
             if done:
                 dropped[spec.name] = self.outbox.drop(spec.name, done)
@@ -98,6 +81,8 @@ class Committer:
         self._drain_until = time.monotonic() + timeout
         self._stop.set()
         self._thread.join(timeout + 5.0)     # a commit under way when time runs out is let finish
+        if not self._thread.is_alive():
+            self.writer.close()
         left = self.health()["backlog_rows"]
         if sum(left.values()):
             log.warning("lake: stopped with %s rows still in the outbox (%s); they are committed at the next "
@@ -159,8 +144,7 @@ class Committer:
         if not force and sum(n for _, n in seqs) < self.commit_rows and \
                 time.monotonic() - first < self.commit_seconds:
             return False
-        table = self.catalog.load_table(identifier(name))
-        done = committed_seq(table, self.collector)
+        done = self.writer.committed(name)
         if seqs[0][0] <= done:           # committed, but the delete did not happen (a crash, a lost answer)
             self.outbox.drop(name, done)
             seqs = [s for s in seqs if s[0] > done]
@@ -173,50 +157,20 @@ class Committer:
             if rows >= self.commit_rows:
                 break
         lo, hi = take[0], take[-1]
-        data = conform(self.outbox.rows(cur, name, lo, hi), self.collector, table)
-        self._append(table, name, data, lo, hi)
+        appended = self.writer.append(name, self.outbox.rows(cur, name, lo, hi), lo, hi)
         pause = float(os.environ.get(PAUSE_ENV) or 0)
         if pause:
             print(f"forksight lake: committed {name} {lo}-{hi}; pausing {pause} s before the outbox delete",
                   file=sys.stderr, flush=True)
             time.sleep(pause)
         self.outbox.drop(name, hi)
-        self._committed[name] = self._committed.get(name, 0) + data.num_rows
+        self._committed[name] = self._committed.get(name, 0) + appended
         self._last_commit = time.time()
         self._first_seen[name] = time.monotonic()
         return True
 
-    def _append(self, table, name: str, data, lo: int, hi: int) -> None:
-        props = {PROP_COLLECTOR: self.collector, PROP_LO: str(lo), PROP_HI: str(hi)}
-
-        def append(t) -> None:
-            with t.transaction() as tx:
-                tx.append(data, snapshot_properties=props)
-                tx.set_properties({watermark_key(self.collector): str(hi)})
-        self._with_retries(name, table, append, lambda t: committed_seq(t, self.collector) >= hi)
-
-    def _with_retries(self, name: str, table, commit, landed) -> None:
-        """commit(table), retried with backoff on a conflict with another writer; landed(table): the
-        commit is in the lake already (its answer was lost), so it is not made again."""
-        from pyiceberg.exceptions import CommitFailedException
-
-        for attempt in range(CONFLICT_TRIES):
-            try:
-                commit(table)
-                return
-            except CommitFailedException as exc:
-                if attempt == CONFLICT_TRIES - 1:
-                    raise
-                log.info("lake: %s commit conflicted with another writer (%s); retry %d", name, exc, attempt + 1)
-                time.sleep(min(0.05 * 2 ** attempt, 2.0) * random.uniform(0.5, 1.5))
-                table = self.catalog.load_table(identifier(name))
-                if landed(table):
-                    return
-
     # -- runs and alerts: overwritten per changed run (idempotent, so a crash just repeats it)
     def _sync_state(self, cur) -> None:
-        from pyiceberg.expressions import And, EqualTo, In
-
         runs = dict(cur.execute("SELECT run_id, hash(r)::VARCHAR FROM runs r").fetchall())
         alerts = dict(cur.execute("SELECT run_id, sum(hash(a))::VARCHAR FROM alerts a GROUP BY run_id").fetchall())
         changed: dict[str, list[str]] = {"runs": [], "alerts": []}
@@ -229,14 +183,9 @@ class Committer:
         for name, ids in changed.items():
             if not ids:
                 continue
-            table = self.catalog.load_table(identifier(name))
             rows = cur.sql(f"SELECT * FROM {name} WHERE run_id IN (SELECT unnest(?::VARCHAR[]))",
                            params=[sorted(ids)]).to_arrow_table()
-            data = conform(rows, self.collector, table)
-            where = And(EqualTo(COLLECTOR, self.collector), In("run_id", sorted(ids)))
-            self._with_retries(name, table, lambda t: t.overwrite(
-                data, overwrite_filter=where, snapshot_properties={PROP_COLLECTOR: self.collector}),
-                lambda t: False)
+            self.writer.overwrite(name, rows, sorted(ids))
         ids = set(changed["runs"]) | set(changed["alerts"])
         if ids:
             synced = [(i, runs.get(i), alerts.get(i)) for i in sorted(ids)]

@@ -10,21 +10,33 @@ DEFAULT_COMMIT_SECONDS = 30.0     # ... or whatever waited this long
 
 
 def start_lake(store, catalog, *, uri: str, warehouse: str, collector_id: str | None = None,
-               commit_rows: int = DEFAULT_COMMIT_ROWS, commit_seconds: float = DEFAULT_COMMIT_SECONDS) -> Committer:
+               commit_rows: int = DEFAULT_COMMIT_ROWS, commit_seconds: float = DEFAULT_COMMIT_SECONDS,
+               writer_process: bool = True) -> Committer:
     """Attach the outbox to `store` (every later write fills it in its own transaction), drop what the
-    lake already holds, start the committer and report it in the store's health. Stop it before
-    closing the store: committer.stop()."""
+    lake already holds, start the committer and report it in the store's health. writer_process: the
+    Iceberg commits run in a child process at the lowest priority (writer_process.py), else in the
+    committer's thread. Stop it before closing the store: committer.stop()."""
     if commit_rows < 1 or not commit_seconds > 0:
         raise LakeError(f"--lake-commit-rows must be >= 1 and --lake-commit-seconds > 0 "
                         f"(got {commit_rows} and {commit_seconds})")
     outbox = Outbox(store, collector_id)
+    writer = None
+    if writer_process:
+        from forksight.monitor.lake.writer_process import ProcessWriter
+
+        try:
+            writer = ProcessWriter(catalog, outbox.collector_id)
+        except Exception as exc:  # noqa: BLE001 - said as the lake's start error
+            raise LakeError(f"cannot start the lake writer process ({exc})") from None
     committer = Committer(store, outbox, catalog, uri=uri, warehouse=warehouse,
-                          commit_rows=commit_rows, commit_seconds=commit_seconds)
+                          commit_rows=commit_rows, commit_seconds=commit_seconds, writer=writer)
     try:
         committer.recover()
     except LakeError:
+        committer.writer.close()
         raise
     except Exception as exc:  # noqa: BLE001 - the catalog answered at open and fails now: said the same way
+        committer.writer.close()
         raise LakeError(f"cannot read the lake's committed ranges ({type(exc).__name__}: {exc}); "
                         "check the catalog is reachable") from None
     store.lake_outbox = outbox
