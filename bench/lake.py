@@ -163,6 +163,24 @@ def pages(db_store: Store, viewer: Store, catalog, run_id: str, repeats: int) ->
     return out
 
 
+def background(store: Store, committer, args) -> None:
+    """--background-runs small runs written one after another (as finished runs are) and committed."""
+    rng = np.random.default_rng(12345)
+    say(f"{args.background_runs} background runs x {args.background_steps} steps x {args.background_tokens} "
+        "token rows")
+    for r in range(args.background_runs):
+        run = store.create_run(f"bg{r}")
+        for s in range(args.background_steps):
+            rec = step_records(rng, s, args.background_steps)
+            rec.tokens = tokens_table(token_columns(rng, args.background_tokens), step=s)
+            store.write(run, rec, f"bg{r}-{s}")
+        if r % 100 == 99:
+            say(f"  {r + 1} background runs written")
+    store.flush()
+    while committer.health()["backlog_total"]:
+        time.sleep(0.2)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=4)
@@ -174,6 +192,11 @@ def main() -> int:
     parser.add_argument("--commit-seconds", type=float, default=5.0,
                         help="--lake-commit-seconds (serve's default is 30; the tail waits up to this long)")
     parser.add_argument("--dir", default=None, help="where the files go (default: a temp dir, removed)")
+    parser.add_argument("--background-runs", type=int, default=0,
+                        help="more runs committed to the lake (after the ingest figures, before the pages), "
+                             "so the pages plan a run among that many: the catalog's scale without its data")
+    parser.add_argument("--background-steps", type=int, default=20, help="steps per background run")
+    parser.add_argument("--background-tokens", type=int, default=100, help="token rows per background step")
     args = parser.parse_args()
 
     from forksight.monitor.lake.catalog import open_catalog
@@ -211,12 +234,16 @@ def main() -> int:
             while committer.health()["backlog_total"]:
                 time.sleep(0.05)
             commit_s.append(time.perf_counter() - t0)
+            if rep == args.repeats - 1 and args.background_runs:
+                background(store, committer, args)
             committer.stop(timeout=600)
             if rep < args.repeats - 1:
                 store.close()
         plain, lake, outbox = float(np.median(plain_s)), float(np.median(lake_s)), float(np.median(outbox_s))
         report = {
             "scale": {"runs": args.runs, "steps_per_run": args.steps, "token_rows_per_step": args.tokens,
+                      "background_runs": args.background_runs, "background_steps": args.background_steps,
+                      "background_token_rows_per_step": args.background_tokens,
                       "token_rows": token_rows, "issue_scale": "1000 runs x 1000 steps x 1000 token rows",
                       "commit_rows": commit_rows, "commit_seconds": commit_seconds, "catalog": "sqlite",
                       "warehouse": "local directory"},
@@ -234,12 +261,13 @@ def main() -> int:
                        "lake_over_duckdb_rate": round(plain / float(np.median(commit_s)), 3),
                        "seconds_first_write_to_last_commit": [round(s, 2) for s in commit_s]},
         }
-        steps_total = args.runs * args.steps
+        steps_total = args.runs * args.steps + args.background_runs * args.background_steps
         lake_files = {"before_compact": lake_counts(catalog, steps_total)}
         lake_rows = lake_files["before_compact"]["tokens"]["rows"]
         report["commit"]["lake_token_rows"] = lake_rows
-        if lake_rows != token_rows:
-            raise SystemExit(f"the lake holds {lake_rows} token rows, {token_rows} were written")
+        written = token_rows + args.background_runs * args.background_steps * args.background_tokens
+        if lake_rows != written:
+            raise SystemExit(f"the lake holds {lake_rows} token rows, {written} were written")
         say("forksight lake compact")
         t = time.perf_counter()
         run_maintenance(catalog, "compact")
