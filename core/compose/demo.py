@@ -1,14 +1,14 @@
 """`forksight demo`: the whole product in one command. Starts the collector with the dashboard
 on 127.0.0.1:8050, prepares the tiny model once, then trains `all` (plain GRPO), `fork` and `ict`
-side by side with one task, seed and learning rate — three processes streaming to one
-collector — printing one status line per run until the runs end or Ctrl-C.
+side by side with one task and seed, each at the learning rate the strategy sweep found best for
+it (trainer/fair_settings.json; --lr preset: the preset's one lr) — three processes streaming to
+one collector — printing one status line per run until the runs end or Ctrl-C.
 
 The default preset is `readable`: the tiny model, warm-started (cached) on addition worked in
-words and digits, trained on four problems with a graded reward whose optimum is the one worked
-solution. Completions read as worked sums with fork tokens on the digits the model computes;
-plain GRPO collapses first (the forecast comes ~175 steps ahead), fork-token training holds out
-longer under the very same settings, and ICT training does not collapse. `--preset collapse` is
-the 45-second version on a random-init model (byte noise for text).
+words and digits, trained on four problems with a graded reward. As the sweep measured (3 seeds,
+docs/strategies.json): plain GRPO reaches train reward 0.99 and collapses first while its held-out
+pass@8 falls from 0.76 to 0.17; fork-token training collapses later; ICT does not collapse but
+does not learn this task. `--preset collapse` is the 45-second version on a random-init model.
 """
 from __future__ import annotations
 
