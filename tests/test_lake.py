@@ -297,6 +297,7 @@ def test_commits_run_in_a_nice_child_process_that_is_replaced_when_it_dies(tmp_p
         run = store.create_run("r")
         lake = start_lake(store, catalog, uri=uri, warehouse=wh, collector_id="c", commit_seconds=3600)
         lake._stop.set()                         # no background cycles: this test drives them
+        lake._thread.join(30)                    # (the thread's last drain has run and found nothing)
         writer = lake.writer
         assert isinstance(writer, ProcessWriter)
         child = writer._proc.pid
@@ -311,5 +312,42 @@ def test_commits_run_in_a_nice_child_process_that_is_replaced_when_it_dies(tmp_p
         assert writer._proc.pid != child          # a new child made the second commit
         assert sorted(r["step"] for r in lake_rows(catalog, "scalars", "c")) == list(range(10))
         lake.writer.close()
+    finally:
+        store.close()
+
+
+def test_a_range_the_lake_holds_is_not_appended_again_and_an_overlap_names_the_collector_id(tmp_path):
+    catalog = open_catalog(f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh"))
+    writer = LakeWriter(catalog, "c")
+    rows = scalars_table([{"step": s, "key": "k", "value": s / 3} for s in range(4)])
+    rows = rows.add_column(0, "run_id", pa.array(["r"] * rows.num_rows))
+    assert writer.append("scalars", rows, 1, 2) == 4
+    assert writer.append("scalars", rows, 1, 2) == 0           # e.g. a second cycle that read the same outbox
+    assert sorted(r["step"] for r in lake_rows(catalog, "scalars", "c")) == [0, 1, 2, 3]
+    with pytest.raises(LakeError, match="rows 2-3 of collector 'c' overlap.*--collector-id"):
+        writer.append("scalars", rows, 2, 3)
+    assert len(lake_rows(catalog, "scalars", "c")) == 4
+
+
+def test_two_cycles_at_once_commit_each_row_once(tmp_path):
+    import threading
+
+    uri, wh = f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh")
+    catalog = open_catalog(uri, wh)
+    store = Store(str(tmp_path / "a.duckdb"))
+    try:
+        run = store.create_run("r")
+        lake = start_lake(store, catalog, uri=uri, warehouse=wh, collector_id="c", commit_seconds=3600,
+                          writer_process=False)
+        for b in range(3):
+            rows = [{"step": b * 5 + s, "key": "k", "value": s / 3} for s in range(5)]
+            store.write(run, Records(scalars=scalars_table(rows)), f"b{b}").result()
+        threads = [threading.Thread(target=lake.cycle, kwargs={"force": True}) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        lake.stop(timeout=30)
+        assert sorted(r["step"] for r in lake_rows(catalog, "scalars", "c")) == list(range(15))
     finally:
         store.close()

@@ -56,6 +56,7 @@ class Committer:
         self._last_commit: float | None = None
         self._committed: dict[str, int] = {}
         self._stop = threading.Event()
+        self._cycle_lock = threading.Lock()     # one cycle at a time: two would both commit what waits
         self._thread = threading.Thread(target=self._loop, name="forksight-lake-committer", daemon=True)
 
     # -- lifecycle
@@ -123,6 +124,10 @@ class Committer:
     def cycle(self, force: bool = False) -> bool:
         """One pass: drain each table that is due (force: every table); sync runs and alerts when due.
         True when a commit was made (more may be waiting)."""
+        with self._cycle_lock:
+            return self._cycle(force)
+
+    def _cycle(self, force: bool) -> bool:
         cur = self.store.read_cursor()
         try:
             busy = False

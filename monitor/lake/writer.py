@@ -10,6 +10,7 @@ import warnings
 
 import pyarrow as pa
 
+from forksight.monitor.lake.errors import LakeError
 from forksight.monitor.lake.schema import COLLECTOR, conform, identifier
 
 log = logging.getLogger("forksight.lake")
@@ -50,6 +51,14 @@ class LakeWriter:
         """Append outbox rows lo..hi and set the watermark to hi, in one commit; rows appended.
         table: the loaded table to commit against (default: loaded now)."""
         table = table if table is not None else self.catalog.load_table(identifier(name))
+        done = committed_seq(table, self.collector)
+        if done >= hi:                   # landed already (a commit whose delete was not seen): not twice
+            log.info("lake: %s %d-%d is in the lake already (watermark %d); not appended again", name, lo, hi, done)
+            return 0
+        if done >= lo:
+            raise LakeError(f"{name}: rows {lo}-{hi} of collector {self.collector!r} overlap what the lake holds "
+                            f"(up to {done}): another collector writes under the same --collector-id; give each "
+                            "its own")
         data = conform(rows, self.collector, table)
         props = {PROP_COLLECTOR: self.collector, PROP_LO: str(lo), PROP_HI: str(hi)}
 
