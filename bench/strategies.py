@@ -8,7 +8,7 @@ its own DuckDB file; each strategy reported at its own best lr, chosen by one ru
 
 Tasks: `readable` (the demo's preset: worked addition, RL on 4 problems, graded reward; held-out
 eval on problems outside the pool) and `arith` (the `healthy` preset: a fresh problem every step).
-The default lr grid is each task's preset lr × (1/3, 1, 3); --lrs sets one grid for all. A cell
+The default lr grid is each task's preset lr × (1/9, 1/3, 1, 3); --lrs sets one grid for all. A cell
 whose result file exists in --work is not rerun (resumable). Its `command` reruns it alone.
 A benchmark, not a user feature: hours on 2 cores, and it answers the project's own claim.
 """
@@ -58,7 +58,7 @@ TASKS: dict[str, TaskSpec] = {
                       # the warm start would depend on the machine's load; 900 s as readable has
                       ("--warmup-max-seconds", "900")),
 }
-LR_FACTORS = (1 / 3, 1.0, 3.0)
+LR_FACTORS = (1 / 9, 1 / 3, 1.0, 3.0)
 SEEDS = (0, 1, 2)
 # --quick: the plumbing in minutes (no warm-up, a small batch, a few steps); not a measurement
 QUICK_FLAGS = ("--no-warmup", "--prompts-per-step", "2", "--group-size", "4", "--eval-problems", "4")
@@ -237,7 +237,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--strategies", type=_csv, help=f"comma-separated; default all: {','.join(STRATEGIES)} "
                         f"(--quick: {','.join(QUICK_STRATEGIES)})")
     parser.add_argument("--lrs", type=lambda t: _csv(t, float),
-                        help="comma-separated lrs for every task; default each preset's lr × 1/3, 1, 3")
+                        help="comma-separated lrs for every task; default each preset's lr × 1/9, 1/3, 1, 3")
     parser.add_argument("--seeds", type=lambda t: _csv(t, int), help="comma-separated; default 0,1,2")
     parser.add_argument("--steps", type=int, help="RL steps per cell; default each preset's (readable 300, arith 200)")
     parser.add_argument("--tasks", type=_csv, default=list(TASKS), help=f"comma-separated of {','.join(TASKS)}")

@@ -241,9 +241,9 @@ def test_bad_flags_are_refused_with_the_choices(capsys):
     assert args.task_strategies == {"arith": ["all", "ict"]} and args.strategies == ["fork"]
 
 
-def test_default_grid_is_each_presets_lr_times_a_third_one_three():
-    assert strategies.default_lrs("readable") == [0.000167, 0.0005, 0.0015]
-    assert strategies.default_lrs("arith") == [0.0001, 0.0003, 0.0009]
+def test_default_grid_is_each_presets_lr_times_a_ninth_a_third_one_three():
+    assert strategies.default_lrs("readable") == [5.56e-05, 0.000167, 0.0005, 0.0015]
+    assert strategies.default_lrs("arith") == [3.33e-05, 0.0001, 0.0003, 0.0009]
 
 
 def test_a_cell_records_whether_its_warm_up_reached_the_target(tmp_path, monkeypatch):

@@ -64,14 +64,15 @@ def open_catalog(uri: str, warehouse: str, *, check: bool = True, properties: di
         import pyiceberg  # noqa: F401
     except ImportError:
         raise LakeError("the lake needs pyiceberg: pip install 'forksight[lake]'") from None
-    location = warehouse_location(warehouse)
     extra = dict(properties or {})
     scheme = urlparse(uri).scheme.lower() if uri else ""
+    # a REST catalog's warehouse is the server's to resolve (often a name, e.g. `prod`): passed as given
+    location = warehouse.strip() if scheme in ("http", "https") and warehouse else warehouse_location(warehouse)
     try:
         if scheme in ("http", "https"):
-            from pyiceberg.catalog.rest import RestCatalog
+            from forksight.monitor.lake.rest import TimedRestCatalog
 
-            catalog = RestCatalog(CATALOG_NAME, **{**extra, "uri": uri, "warehouse": location})
+            catalog = TimedRestCatalog(CATALOG_NAME, **{**extra, "uri": uri, "warehouse": location})
         elif scheme.startswith(("postgresql", "sqlite", "mysql")):
             from pyiceberg.catalog.sql import SqlCatalog
             from sqlalchemy.engine import make_url
