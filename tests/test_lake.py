@@ -222,98 +222,99 @@ def test_compact_waits_until_the_lake_has_the_token_rows_it_would_thin(tmp_path)
     assert done["token_rows_after"] == 9 and len(lake_rows(catalog, "tokens", "c")) == 15
 
 
-def test_stop_drains_the_whole_backlog_and_says_what_a_short_timeout_left(tmp_path, caplog):
+@pytest.fixture
+def local(tmp_path):
+    """A DuckDB store with one run and a SQLite-catalogued lake: .uri, .wh, .catalog, .store, .run."""
+    from types import SimpleNamespace
+
+    uri, wh = f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh")
+    catalog = open_catalog(uri, wh)
+    store = Store(str(tmp_path / "a.duckdb"))
+    try:
+        yield SimpleNamespace(uri=uri, wh=wh, catalog=catalog, store=store, run=store.create_run("r"))
+    finally:
+        store.close()
+
+
+def _write_scalars(local, batch_no: int, n: int) -> None:
+    """Batch `batch_no`: steps batch_no*n .. +n-1, each value step/3."""
+    rows = [{"step": batch_no * n + i, "key": "k", "value": (batch_no * n + i) / 3} for i in range(n)]
+    local.store.write(local.run, Records(scalars=scalars_table(rows)), f"b{batch_no}").result()
+
+
+def test_stop_drains_the_whole_backlog_and_says_what_a_short_timeout_left(local, caplog):
     from forksight.monitor.lake.outbox import Outbox
 
-    uri, wh = f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh")
-    catalog = open_catalog(uri, wh)
-    store = Store(str(tmp_path / "a.duckdb"))
-    try:
-        run = store.create_run("r")
-        store.lake_outbox = outbox = Outbox(store, "c")      # filled before any committer runs
-        for b in range(6):                                    # 6 entries of 8 rows: 6 commits of 8 rows
-            rows = [{"step": b * 8 + i, "key": "k", "value": (b * 8 + i) / 3} for i in range(8)]
-            store.write(run, Records(scalars=scalars_table(rows)), f"b{b}").result()
+    local.store.lake_outbox = outbox = Outbox(local.store, "c")      # filled before any committer runs
+    for b in range(6):                                                # 6 entries of 8 rows: 6 commits of 8 rows
+        _write_scalars(local, b, 8)
 
-        def committer():
-            return Committer(store, outbox, catalog, uri=uri, warehouse=wh, commit_rows=8, commit_seconds=3600)
-        short = committer()
-        short._stop.set()                     # stopped before its first cycle: only the last drain runs
-        short.start()
-        with caplog.at_level(logging.WARNING, logger="forksight.lake"):
-            left = short.stop(timeout=0)      # no time: one batch, the rest is named and waits
-        assert left["scalars"] == 48 - len(lake_rows(catalog, "scalars", "c")) and 0 < left["scalars"] < 48
-        assert f"stopped with {left['scalars']} rows still in the outbox" in caplog.text
-        full = committer()
-        full._stop.set()
-        full.start()
-        assert sum(full.stop(timeout=60).values()) == 0        # one stop drains batch after batch
-        got = sorted((r["step"], r["value"]) for r in lake_rows(catalog, "scalars", "c"))
-        assert got == [(s, pytest.approx(s / 3)) for s in range(48)]      # each row once
-    finally:
-        store.close()
+    def committer():
+        return Committer(local.store, outbox, local.catalog, uri=local.uri, warehouse=local.wh, commit_rows=8,
+                         commit_seconds=3600)
+    short = committer()
+    short._stop.set()                     # stopped before its first cycle: only the last drain runs
+    short.start()
+    with caplog.at_level(logging.WARNING, logger="forksight.lake"):
+        left = short.stop(timeout=0)      # no time: one batch, the rest is named and waits
+    assert left["scalars"] == 48 - len(lake_rows(local.catalog, "scalars", "c")) and 0 < left["scalars"] < 48
+    assert f"stopped with {left['scalars']} rows still in the outbox" in caplog.text
+    full = committer()
+    full._stop.set()
+    full.start()
+    assert sum(full.stop(timeout=60).values()) == 0        # one stop drains batch after batch
+    got = sorted((r["step"], r["value"]) for r in lake_rows(local.catalog, "scalars", "c"))
+    assert got == [(s, pytest.approx(s / 3)) for s in range(48)]      # each row once
 
 
-def test_new_entries_hold_no_rows_and_an_older_forksights_blob_entries_still_reach_the_lake(tmp_path):
+def test_new_entries_hold_no_rows_and_an_older_forksights_blob_entries_still_reach_the_lake(local):
     from forksight.monitor.lake.outbox import SEQ, Outbox, _encode
 
-    uri, wh = f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh")
-    catalog = open_catalog(uri, wh)
-    store = Store(str(tmp_path / "a.duckdb"))
-    try:
-        run = store.create_run("r")
-        store.lake_outbox = outbox = Outbox(store, "c")
-        new = [{"step": s, "key": "k", "value": s / 4} for s in range(6)]
-        store.write(run, Records(scalars=scalars_table(new)), "b0").result()
-        # an entry as the blob outbox wrote it: its rows only in the blob, not in the table
-        old = scalars_table([{"step": 100 + s, "key": "old", "value": -s / 8} for s in range(3)])
-        store.call(lambda cur: cur.execute("INSERT INTO lake_outbox VALUES (?, 'scalars', ?, 3, [100, 101, 102], ?)",
-                                           [outbox._next, run, _encode(old)]))
-        entries = store.call(lambda cur: cur.execute(
-            f"SELECT {SEQ}, nrows, data IS NULL FROM lake_outbox ORDER BY 1").fetchall())
-        assert [(n, empty) for _, n, empty in entries] == [(6, True), (3, False)]     # rows written once
-        tagged = store.call(lambda cur: cur.execute(
-            f"SELECT count(*) FROM scalars WHERE {SEQ} = ?", [entries[0][0]]).fetchall()[0][0])
-        assert tagged == 6
-        committer = Committer(store, outbox, catalog, uri=uri, warehouse=wh, commit_rows=1000, commit_seconds=0)
-        committer.cycle(force=True)
-        got = sorted((r["step"], r["key"], r["value"]) for r in lake_rows(catalog, "scalars", "c"))
-        assert got == sorted([(s, "k", s / 4) for s in range(6)] + [(100 + s, "old", -s / 8) for s in range(3)])
-        assert committer.health()["backlog_total"] == 0
-    finally:
-        store.close()
+    store, run = local.store, local.run
+    store.lake_outbox = outbox = Outbox(store, "c")
+    _write_scalars(local, 0, 6)
+    # an entry as the blob outbox wrote it: its rows only in the blob, not in the table
+    old = scalars_table([{"step": 100 + s, "key": "old", "value": -s / 8} for s in range(3)])
+    store.call(lambda cur: cur.execute("INSERT INTO lake_outbox VALUES (?, 'scalars', ?, 3, [100, 101, 102], ?)",
+                                       [outbox._next, run, _encode(old)]))
+    entries = store.call(lambda cur: cur.execute(
+        f"SELECT {SEQ}, nrows, data IS NULL FROM lake_outbox ORDER BY 1").fetchall())
+    assert [(n, empty) for _, n, empty in entries] == [(6, True), (3, False)]     # rows written once
+    tagged = store.call(lambda cur: cur.execute(
+        f"SELECT count(*) FROM scalars WHERE {SEQ} = ?", [entries[0][0]]).fetchall()[0][0])
+    assert tagged == 6
+    committer = Committer(store, outbox, local.catalog, uri=local.uri, warehouse=local.wh, commit_rows=1000,
+                          commit_seconds=0)
+    committer.cycle(force=True)
+    got = sorted((r["step"], r["key"], r["value"]) for r in lake_rows(local.catalog, "scalars", "c"))
+    assert got == sorted([(s, "k", pytest.approx(s / 3)) for s in range(6)] +
+                         [(100 + s, "old", -s / 8) for s in range(3)])
+    assert committer.health()["backlog_total"] == 0
 
 
-def test_commits_run_in_a_nice_child_process_that_is_replaced_when_it_dies(tmp_path):
+def test_commits_run_in_a_nice_child_process_that_is_replaced_when_it_dies(local):
     import os
     import signal
 
     from forksight.monitor.lake.writer_process import CHILD_NICE, ProcessWriter
 
-    uri, wh = f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh")
-    catalog = open_catalog(uri, wh)
-    store = Store(str(tmp_path / "a.duckdb"))
-    try:
-        run = store.create_run("r")
-        lake = start_lake(store, catalog, uri=uri, warehouse=wh, collector_id="c", commit_seconds=3600)
-        lake._stop.set()                         # no background cycles: this test drives them
-        lake._thread.join(30)                    # (the thread's last drain has run and found nothing)
-        writer = lake.writer
-        assert isinstance(writer, ProcessWriter)
-        child = writer._proc.pid
-        assert child != os.getpid() and os.getpriority(os.PRIO_PROCESS, child) == CHILD_NICE
-        for b in range(2):
-            rows = [{"step": b * 5 + s, "key": "k", "value": s / 3} for s in range(5)]
-            store.write(run, Records(scalars=scalars_table(rows)), f"b{b}").result()
-            if b == 1:                            # the child is killed between two commits
-                os.kill(child, signal.SIGKILL)
-                writer._proc.wait(10)
-            lake.cycle(force=True)
-        assert writer._proc.pid != child          # a new child made the second commit
-        assert sorted(r["step"] for r in lake_rows(catalog, "scalars", "c")) == list(range(10))
-        lake.writer.close()
-    finally:
-        store.close()
+    lake = start_lake(local.store, local.catalog, uri=local.uri, warehouse=local.wh, collector_id="c",
+                      commit_seconds=3600)
+    lake._stop.set()                         # no background cycles: this test drives them
+    lake._thread.join(30)                    # (the thread's last drain has run and found nothing)
+    writer = lake.writer
+    assert isinstance(writer, ProcessWriter)
+    child = writer._proc.pid
+    assert child != os.getpid() and os.getpriority(os.PRIO_PROCESS, child) == CHILD_NICE
+    for b in range(2):
+        _write_scalars(local, b, 5)
+        if b == 1:                            # the child is killed between two commits
+            os.kill(child, signal.SIGKILL)
+            writer._proc.wait(10)
+        lake.cycle(force=True)
+    assert writer._proc.pid != child          # a new child made the second commit
+    assert sorted(r["step"] for r in lake_rows(local.catalog, "scalars", "c")) == list(range(10))
+    lake.writer.close()
 
 
 def test_a_range_the_lake_holds_is_not_appended_again_and_an_overlap_names_the_collector_id(tmp_path):
@@ -329,25 +330,17 @@ def test_a_range_the_lake_holds_is_not_appended_again_and_an_overlap_names_the_c
     assert len(lake_rows(catalog, "scalars", "c")) == 4
 
 
-def test_two_cycles_at_once_commit_each_row_once(tmp_path):
+def test_two_cycles_at_once_commit_each_row_once(local):
     import threading
 
-    uri, wh = f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "wh")
-    catalog = open_catalog(uri, wh)
-    store = Store(str(tmp_path / "a.duckdb"))
-    try:
-        run = store.create_run("r")
-        lake = start_lake(store, catalog, uri=uri, warehouse=wh, collector_id="c", commit_seconds=3600,
-                          writer_process=False)
-        for b in range(3):
-            rows = [{"step": b * 5 + s, "key": "k", "value": s / 3} for s in range(5)]
-            store.write(run, Records(scalars=scalars_table(rows)), f"b{b}").result()
-        threads = [threading.Thread(target=lake.cycle, kwargs={"force": True}) for _ in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        lake.stop(timeout=30)
-        assert sorted(r["step"] for r in lake_rows(catalog, "scalars", "c")) == list(range(15))
-    finally:
-        store.close()
+    lake = start_lake(local.store, local.catalog, uri=local.uri, warehouse=local.wh, collector_id="c",
+                      commit_seconds=3600, writer_process=False)
+    for b in range(3):
+        _write_scalars(local, b, 5)
+    threads = [threading.Thread(target=lake.cycle, kwargs={"force": True}) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    lake.stop(timeout=30)
+    assert sorted(r["step"] for r in lake_rows(local.catalog, "scalars", "c")) == list(range(15))
