@@ -119,7 +119,17 @@ def execute(argv: list[str], log: Path) -> None:
 
 def warmup_info(task: str, seed: int, base: Path | None = None) -> dict | None:
     """The cached warm-up a cell of this task and seed started from: whether it reached its
-    target pass@1 within its time budget (a run that did not starts from a weaker model)."""
+    target pass@1 within its time budget (a run that did not starts from a weaker model). One
+    thread at a time: transformers' lazy imports are not thread-safe (two cells finishing together
+    failed with "cannot import name 'Qwen2Config'")."""
+    with _WARMUP_LOCK:
+        return _warmup_info(task, seed, base)
+
+
+_WARMUP_LOCK = threading.Lock()
+
+
+def _warmup_info(task: str, seed: int, base: Path | None) -> dict | None:
     from forksight.trainer.config import load_config
     from forksight.trainer.model import build_tiny
     from forksight.trainer.tasks import make_task

@@ -55,7 +55,29 @@ def table(report: dict, source: str = "docs/strategies.json") -> str:
             figs = row["figures"]
             cells = [interval(figs[key], 3 if key == "fork_frac_end" else 2) for _, key in COLUMNS]
             lines.append(f"| {name} | {row['lr']:g} | " + " | ".join(cells) + f" | {collapse(figs['collapse_step'])} |")
+        lines += by_lr(report, task)
     return "\n".join(lines) + "\n"
+
+
+def by_lr(report: dict, task: str, key: str = "eval_pass8_end") -> list[str]:
+    """Markdown lines: `key`'s mean over seeds for every strategy at every lr tried on `task` (the
+    whole curve the rule chose from); [] when the report holds no cells."""
+    lrs = report["meta"]["grid"]["lrs"][task]
+    got: dict[tuple[str, float], list[float]] = {}
+    for cell in report.get("cells", []):
+        if cell["task"] == task and cell.get(key) is not None:
+            got.setdefault((cell["strategy"], cell["lr"]), []).append(cell[key])
+    if not got:
+        return []
+    names = sorted({s for s, _ in got})
+
+    def mean(strategy: str, lr: float) -> str:
+        values = got.get((strategy, lr))
+        return f"{sum(values) / len(values):.2f}" if values else "–"
+    label = dict((k, h) for h, k in COLUMNS).get(key, key)
+    return ["", f"{task}, {label} at every lr tried (mean over seeds; the rule chose from these):", "",
+            "| strategy | " + " | ".join(f"lr {x:g}" for x in lrs) + " |", "|---|" + "---|" * len(lrs),
+            *(f"| {name} | " + " | ".join(mean(name, x) for x in lrs) + " |" for name in names)]
 
 
 def fair(report: dict, source: str = "docs/strategies.json") -> dict:

@@ -193,6 +193,19 @@ def test_table_rows_from_a_fixture():
     assert "RULE" in lines[0] and "3 seeds" in lines[0] and "`x.json`" in lines[0]
 
 
+def test_every_lr_table_holds_the_mean_over_seeds_of_each_cell():
+    report = {"meta": {"grid": {"lrs": {"arith": [0.0001, 0.0003]}}},
+              "cells": [{"task": "arith", "strategy": "all", "lr": 0.0001, "eval_pass8_end": 0.5},
+                        {"task": "arith", "strategy": "all", "lr": 0.0001, "eval_pass8_end": 0.25},
+                        {"task": "arith", "strategy": "all", "lr": 0.0003, "eval_pass8_end": None},
+                        {"task": "arith", "strategy": "ict", "lr": 0.0003, "eval_pass8_end": 0.125},
+                        {"task": "other", "strategy": "ict", "lr": 0.0001, "eval_pass8_end": 1.0}]}
+    lines = st.by_lr(report, "arith")
+    assert lines[3] == "| strategy | lr 0.0001 | lr 0.0003 |"
+    assert lines[5:] == ["| all | 0.38 | – |", "| ict | – | 0.12 |"]      # (0.5 + 0.25) / 2; 0.125
+    assert st.by_lr({"meta": report["meta"]}, "arith") == []
+
+
 def test_readme_block_is_rewritten_between_the_markers_only(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"before\n{st.BEGIN}\nold table\n{st.END}\nafter\n")
