@@ -180,8 +180,8 @@ def run_cell(cell: Cell, work: Path, steps: int, eval_every: int, threads: int, 
         record.update(warmup_info(cell.task, cell.seed) or {"warmup_reached": None})
         if record["warmup_reached"] is False:
             print(f"bench/strategies: WARNING {cell.name} started from a warm-up that stopped at pass@1 "
-                  f"{record['warmup_pass1']} short of its target (time budget): delete that cache entry "
-                  "and rerun the cell on a less loaded machine", file=sys.stderr, flush=True)
+                  f"{record['warmup_pass1']} short of its target (time budget): rerun the cell (delete its "
+                  ".json; the trainer warms up again), on a less loaded machine", file=sys.stderr, flush=True)
     tmp = result.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1))
     tmp.replace(result)  # written last: a result file means a finished, read cell

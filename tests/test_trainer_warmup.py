@@ -60,3 +60,16 @@ def test_warm_models_are_cached_per_target(tmp_path, monkeypatch, tiny_model_pat
     assert again == path and (path / "warmup.json").stat().st_mtime_ns == stamp  # not retrained
     assert warm_path(tiny_model_path, task, 0.5, "ce", 0) != path
     assert warm_path(tiny_model_path, task, 0.0, "bounded", 0) != path
+
+
+def test_a_cached_warm_up_that_missed_its_target_is_done_again(tmp_path, monkeypatch, tiny_model_path, capsys):
+    monkeypatch.setenv("FORKSIGHT_HOME", str(tmp_path))
+    task = ArithmeticTask(level=1)
+    path = ensure_warm(tiny_model_path, task, target_pass=0.0, progress=False, batch=16, eval_every=2)
+    info = json.loads((path / "warmup.json").read_text())
+    (path / "warmup.json").write_text(json.dumps({**info, "reached": False, "pass@1": 0.0}))  # as a busy box left it
+    again = ensure_warm(tiny_model_path, task, target_pass=0.0, progress=False, batch=16, eval_every=2)
+    assert again == path and json.loads((path / "warmup.json").read_text())["reached"] is True
+    said = capsys.readouterr().out
+    assert f"stopped at pass@1 0.0 short of 0 after {info['seconds']} s (its time ran out); warming up again" in said
+    assert not path.with_name(path.name + ".tmp").exists()

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -32,21 +33,32 @@ def warm_path(base: str | Path, task: Task, target_pass: float, loss: str, seed:
 def ensure_warm(base: str | Path, task: Task, *, target_pass: float = 0.3, loss: str = "ce",
                 seed: int = 0, max_seconds: float = 180.0, progress: bool = True, **train_kw) -> Path:
     """Path of a model warmed up on `task` to sampled pass@1 ≥ target_pass (cached);
-    train_kw go to `supervised` (lr, batch, eval_every), over the task's own `warmup_settings`."""
+    train_kw go to `supervised` (lr, batch, eval_every), over the task's own `warmup_settings`.
+    A cached warm-up whose time ran out short of its target (a busy machine) is done again, once
+    per call: reused, every later run of that seed would start from a weaker model."""
     train_kw = {**getattr(task, "warmup_settings", {}), **train_kw}
     out = warm_path(base, task, target_pass, loss, seed)
     out.parent.mkdir(parents=True, exist_ok=True)
+    asked = time.time()
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second trainer waits here and then reuses the cache
-        if (out / "warmup.json").exists():
-            return out
+        info_file = out / "warmup.json"
+        if info_file.exists():
+            cached = json.loads(info_file.read_text())
+            # missed, and written before this call (not by a trainer this one waited for): again
+            if cached.get("reached", True) or info_file.stat().st_mtime >= asked:
+                return out
+            print(f"forksight: the cached warm-up {out.name} stopped at pass@1 {cached.get('pass@1')} short of "
+                  f"{target_pass:g} after {cached.get('seconds')} s (its time ran out); warming up again", flush=True)
         model, tokenizer = load(base)
         info = supervised(model, tokenizer, task, target_pass=target_pass, loss=loss, seed=seed,
                           max_seconds=max_seconds, progress=progress, **train_kw)
         tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)           # a run killed while saving
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "warmup.json").write_text(json.dumps(info, indent=1))
+        shutil.rmtree(out, ignore_errors=True)           # the missed one, if any
         tmp.replace(out)
     return out
 

@@ -14,7 +14,6 @@ reward falling too). `--lr preset` (5e-4 for all) shows plain GRPO collapse at s
 """
 from __future__ import annotations
 
-from forksight.base.interfaces import Reader
 import argparse
 import os
 import signal
@@ -24,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+from forksight.base.interfaces import Reader
 from forksight.compose.serve_cli import DEMO_DB, port_in_use
 
 
