@@ -6,14 +6,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
-def insert_arrow(cur, table: str, data: pa.Table, run_id: str | None = None) -> None:
-    """Bulk-insert an Arrow table by column name (run_id, when given, fills that column)."""
+def insert_arrow(cur, table: str, data: pa.Table, run_id: str | None = None,
+                 constants: dict[str, int] | None = None) -> None:
+    """Bulk-insert an Arrow table by column name (run_id, when given, fills that column; constants:
+    more integer columns given one value on every row, e.g. the lake's sequence number)."""
     cur.register("_forksight_in", data)
+    fixed = ([("run_id", "VARCHAR", run_id)] if run_id is not None else []) + \
+        [(name, "BIGINT", value) for name, value in (constants or {}).items()]
+    head = "".join(f"?::{kind} AS {name}, " for name, kind, _ in fixed)
     try:
-        if run_id is None:
-            cur.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _forksight_in")
-        else:
-            cur.execute(f"INSERT INTO {table} BY NAME SELECT ?::VARCHAR AS run_id, * FROM _forksight_in", [run_id])
+        cur.execute(f"INSERT INTO {table} BY NAME SELECT {head}* FROM _forksight_in", [v for *_, v in fixed])
     except BaseException:
         try:        # after a failed insert this fails too ("transaction is aborted"): keep the first error
             cur.unregister("_forksight_in")

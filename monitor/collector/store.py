@@ -295,8 +295,8 @@ class Store(StoreHealth):
                         if self.lake_outbox is None:
                             insert_arrow(cur, name, data, run_id)
                         else:     # numbered for the lake, committed (or not) with the rows themselves
-                            tagged, entry = self.lake_outbox.tag(name, run_id, data)
-                            insert_arrow(cur, name, tagged, run_id)
+                            constants, entry = self.lake_outbox.tag(name, run_id, data)
+                            insert_arrow(cur, name, data, run_id, constants)
                             if entry is not None:
                                 outbox.append(entry)
                         if name == "tokens":     # the step list the tokens page reads

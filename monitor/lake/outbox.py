@@ -11,7 +11,6 @@ import re
 import socket
 import uuid
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
@@ -141,15 +140,14 @@ class Outbox:
         self.store.call(bump)
 
     # -- on the writer thread, inside the write's transaction
-    def tag(self, table: str, run_id: str, data: pa.Table) -> tuple[pa.Table, list | None]:
-        """(`data` with its sequence number in `_lake_seq`, the outbox entry to `put`); a table the
-        lake does not keep passes unchanged (entry None)."""
+    def tag(self, table: str, run_id: str, data: pa.Table) -> tuple[dict, list | None]:
+        """(the columns to give every row of `data` when it is inserted: its sequence number in
+        `_lake_seq`, the outbox entry to `put`); a table the lake does not keep: ({}, None). The number
+        goes in as one SQL constant, not a column built here (measured ~4% of ingest)."""
         if table not in _STEP_NAMES:
-            return data, None
+            return {}, None
         seq, self._next = self._next, self._next + 1   # a rolled-back group leaves a gap: harmless
-        n = data.num_rows
-        entry = [seq, table, run_id, n, pc.unique(data["step"]).to_pylist(), None]
-        return data.append_column(SEQ, pa.array(np.full(n, seq, dtype=np.int64))), entry
+        return {SEQ: seq}, [seq, table, run_id, data.num_rows, pc.unique(data["step"]).to_pylist(), None]
 
     def put(self, cur, entries: list[list]) -> None:
         """The write group's entries, one INSERT per ENTRIES_PER_INSERT (a statement costs the writer
