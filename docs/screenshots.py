@@ -11,6 +11,7 @@ before committing: a screenshot is for a reader, not a test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import socket
 import subprocess
 import sys
@@ -61,6 +62,17 @@ def serve(db: Path) -> tuple[subprocess.Popen, str]:
         time.sleep(0.5)
     proc.terminate()
     raise SystemExit("forksight serve did not answer within 120 s")
+
+
+@contextlib.contextmanager
+def served(db: Path):
+    """`serve(db)`'s URL for the block; the server stopped after it, whatever happens."""
+    proc, url = serve(db)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def pick_runs(url: str) -> dict[str, str]:
@@ -124,12 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         if db is None:
             db = Path(tmp) / "demo.duckdb"
             fresh_demo(db, args.steps)
-        proc, url = serve(db)
-        try:
+        with served(db) as url:
             shoot(url, args.out)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
     return 0
 
 

@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from screenshots import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, serve  # noqa: E402
+from screenshots import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, served  # noqa: E402
 
 MAX_GROUPED_RUNS = 36               # dashboard/pages/compare.py: what the grouped view draws at most
 HELDOUT_PANELS = ("eval/pass@1", "eval/pass@8")   # added to the compare page's default panels
@@ -144,12 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="forksight-sweep-shots-") as tmp:
         db = Path(tmp) / "sweep-view.duckdb"
         build_view(args.json, args.work, args.task, db)
-        proc, url = serve(db)
-        try:
+        with served(db) as url:
             shoot(url, args.out)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
     return 0
 
 
