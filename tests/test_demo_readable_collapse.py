@@ -1,5 +1,6 @@
-"""The demo's default preset, `readable`, from one seed and learning rate, measured the way the
-README states it: plain GRPO (`all`) collapses within the demo's steps (the collector's critical
+"""The demo's default preset, `readable`, at the preset's one learning rate (`forksight demo --lr
+preset`; the default demo trains each strategy at the sweep's lower lr, where it does not collapse
+in 300 steps), measured the way the README states it: plain GRPO (`all`) collapses within the demo's steps (the collector's critical
 alert: smoothed entropy under its floor), fork-token training holds longer, and the first
 collapse warning comes at least 10 steps before the raw entropy first falls under that floor.
 Uses the cached warm-up (built once, ~2 minutes)."""
