@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pyiceberg.catalog.rest import RestCatalog
 
-from forksight.monitor.lake.catalog import CONNECT_TIMEOUT_S
-
+CONNECT_TIMEOUT_S = 5.0  # an unreachable host: an error in seconds (as the SQL catalog's connect_timeout)
 READ_TIMEOUT_S = 120.0   # a REST call's answer: a commit on a loaded catalog can take a while
 
 
