@@ -75,12 +75,29 @@ def served(db: Path):
         proc.wait(timeout=30)
 
 
+def list_runs(url: str, timeout: float = 10) -> list[dict]:
+    """GET /api/runs: the served file's runs, newest first."""
+    runs = httpx.get(url + "/api/runs", timeout=timeout).json()
+    return runs.get("runs", runs) if isinstance(runs, dict) else runs
+
+
+def settle(page) -> None:
+    """Until the page is idle and plotly's transitions have settled."""
+    page.wait_for_load_state("networkidle")
+    page.wait_for_timeout(1500)
+
+
+def save(shot, target: Path, written: list[Path], **kwargs) -> None:
+    """shot.screenshot (a page or a locator) to `target`, listed in `written` and said."""
+    shot.screenshot(path=str(target), **kwargs)
+    written.append(target)
+    print("wrote", target, flush=True)
+
+
 def pick_runs(url: str) -> dict[str, str]:
     """strategy -> run id of the newest run per strategy."""
-    runs = httpx.get(url + "/api/runs", timeout=10).json()
-    runs = runs.get("runs", runs) if isinstance(runs, dict) else runs
     out: dict[str, str] = {}
-    for run in runs:                                   # newest first
+    for run in list_runs(url):                         # newest first
         out.setdefault(run.get("strategy") or "?", run["run_id"])
     return out
 
@@ -114,12 +131,8 @@ def shoot(url: str, out: Path) -> list[Path]:
         for name, path, ready, full in shots:
             page.goto(url + path)
             page.wait_for_selector(ready, timeout=60_000)
-            page.wait_for_load_state("networkidle")
-            page.wait_for_timeout(1500)                # plotly's transitions settle
-            target = out / name
-            page.screenshot(path=str(target), full_page=full)
-            written.append(target)
-            print("wrote", target, flush=True)
+            settle(page)
+            save(page, out / name, written, full_page=full)
         browser.close()
     return written
 

@@ -26,13 +26,11 @@ import tempfile
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
-import httpx
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from screenshots import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, served  # noqa: E402
+from screenshots import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, list_runs, save, served, settle  # noqa: E402
 
 MAX_GROUPED_RUNS = 36               # dashboard/pages/compare.py: what the grouped view draws at most
 HELDOUT_PANELS = ("eval/pass@1", "eval/pass@8")   # added to the compare page's default panels
@@ -44,11 +42,6 @@ def build_view(json_path: Path, work: Path, task: str, db: Path) -> None:
            "--task", task, "--work", str(work), "--out", str(db)]
     print("running:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-
-
-def list_runs(url: str) -> list[dict]:
-    runs = httpx.get(url + "/api/runs", timeout=30).json()
-    return runs.get("runs", runs) if isinstance(runs, dict) else runs
 
 
 def seed_of(run: dict) -> int | None:
@@ -76,16 +69,10 @@ def add_panel(page, key: str) -> None:
                            arg=key, timeout=60_000)
 
 
-def settle(page) -> None:
-    page.mouse.move(0, 0)                              # no hover label, no plotly modebar
-    page.wait_for_load_state("networkidle")
-    page.wait_for_timeout(1500)                        # plotly's transitions settle
-
-
 def shoot(url: str, out: Path) -> list[Path]:
     from playwright.sync_api import sync_playwright
 
-    runs = list_runs(url)
+    runs = list_runs(url, timeout=30)
     ids = [r["run_id"] for r in sorted(runs, key=lambda r: (r.get("strategy") or "", r.get("name") or ""))]
     if len(ids) > MAX_GROUPED_RUNS:
         raise SystemExit(f"{len(ids)} runs: the grouped view draws at most {MAX_GROUPED_RUNS}")
@@ -108,22 +95,18 @@ def shoot(url: str, out: Path) -> list[Path]:
                                arg=len(strategies), timeout=120_000)
         for key in HELDOUT_PANELS:
             add_panel(page, key)
+        page.mouse.move(0, 0)                          # no hover label, no plotly modebar
         settle(page)
-        target = out / "sweep-compare-seeds.png"
-        page.locator("#cmp-figure").screenshot(path=str(target))
-        written.append(target)
-        print("wrote", target, flush=True)
+        save(page.locator("#cmp-figure"), out / "sweep-compare-seeds.png", written)
 
         print("opening", url + run, flush=True)
         page.goto(url + run, timeout=120_000)
         page.wait_for_function("""() => { const gd = document.querySelector('#run-heldout .js-plotly-plot');
             return gd && gd.data && gd.data.some(t => (t.name || '').startsWith('held-out')); }""",
                                timeout=120_000)
+        page.mouse.move(0, 0)                          # no hover label, no plotly modebar
         settle(page)
-        target = out / "sweep-run-heldout.png"
-        page.locator("#run-heldout-wrap").screenshot(path=str(target))
-        written.append(target)
-        print("wrote", target, flush=True)
+        save(page.locator("#run-heldout-wrap"), out / "sweep-run-heldout.png", written)
         browser.close()
     return written
 
