@@ -66,10 +66,11 @@ def open_catalog(uri: str, warehouse: str, *, check: bool = True, properties: di
         raise LakeError("the lake needs pyiceberg: pip install 'forksight[lake]'") from None
     extra = dict(properties or {})
     scheme = urlparse(uri).scheme.lower() if uri else ""
+    rest = scheme in ("http", "https")
     # a REST catalog's warehouse is the server's to resolve (often a name, e.g. `prod`): passed as given
-    location = warehouse.strip() if scheme in ("http", "https") and warehouse else warehouse_location(warehouse)
+    location = warehouse.strip() if rest and warehouse else warehouse_location(warehouse)
     try:
-        if scheme in ("http", "https"):
+        if rest:
             from forksight.monitor.lake.rest import TimedRestCatalog
 
             catalog = TimedRestCatalog(CATALOG_NAME, **{**extra, "uri": uri, "warehouse": location})
