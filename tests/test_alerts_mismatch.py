@@ -255,3 +255,21 @@ def test_the_alert_row_lands_in_the_store_with_signal_and_evidence(tmp_path):
     assert evidence["fork"] == pytest.approx(mismatch[expected]["mismatch/kl_k3/fork"], rel=1e-5)
     assert evidence["sits_on"] == "fork" and first["value"] == pytest.approx(ewm(k3)[expected], rel=1e-9)
 
+
+
+def test_step_without_a_rise_signal_does_not_rearm_the_warning():
+    """A step that carries mismatch scalars but no rise signal (here only the sequence ESS, healthy) says
+    nothing about whether the rise cleared: it must not re-arm the warning (all([]) counted it as cleared)."""
+    cfg = MismatchConfig(warmup_steps=0, baseline_steps=3, persist=1, cooldown=2, smoothing=0.0)
+    det = MismatchDetector(cfg)
+    level = "mismatch/kl_k3"
+    fired = []
+    for step in range(40):
+        if step < 3:
+            scalars = {level: 0.01}                      # the baseline: 0.01, threshold max(0.03, 0.011)
+        elif step % 2:
+            scalars = {cfg.ess_key: 0.9}                 # no rise signal this step
+        else:
+            scalars = {level: 0.5, cfg.ess_key: 0.9}     # far above the threshold, and never back under it
+        fired += [(step, a.severity) for a in det.observe(step, scalars, step)]
+    assert fired == [(4, "warning")]                     # once: the rise never cleared

@@ -100,7 +100,10 @@ class ForksightCallback(TrainerCallback):
             return self
         try:
             self._install(trainer, accel)
-        except ValueError:
+        except ValueError:          # a bad argument: said to the caller, with nothing left open
+            self._uninstall()
+            if self._sink_arg is None:
+                self.sink.finish(status="failed")
             raise
         except Exception as exc:  # noqa: BLE001 - never break the user's run
             self.mode = None

@@ -129,7 +129,8 @@ class MismatchDetector(Detector):
         degenerate = bool((ess and ess["low"]) or (tkl and tkl["over"]))
         severity = self.tiers.update(
             step, warn=any(r["above"] for r in rises), crit=degenerate,
-            warn_clear=all(r["smoothed"] < r["threshold"] * (1.0 - h) for r in rises),
+            # a step with no rise signal says nothing about a rise clearing (all([]) would re-arm it)
+            warn_clear=bool(rises) and all(r["smoothed"] < r["threshold"] * (1.0 - h) for r in rises),
             crit_clear=(ess is None or ess["clear"]) and (tkl is None or tkl["clear"]))
         if severity is None:
             return []
