@@ -36,6 +36,9 @@ class Sink(Protocol):
     def log_histogram(self, step: int, key: str, counts, edges) -> None:
         """A histogram over all of a step's tokens (fixed edges, so ranks add up bin by bin)."""
 
+    def log_probes(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Monte-Carlo value probes of tokens (sample_id, pos, v_before, v_after, delta, se, k, ...)."""
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything logged so far is stored; False on failure or timeout."""
 
@@ -96,6 +99,14 @@ class Reader(Protocol):
 
     def read_samples(self, run_id: str, step: int | None = None, group_id: int | None = None,
                      limit: int = 10_000) -> "pd.DataFrame": ...
+
+    def probe_steps(self, run_id: str) -> list[int]: ...
+
+    def read_probes(self, run_id: str, step: int, sample_id: int | None = None,
+                    limit: int = 100_000) -> "pd.DataFrame": ...
+
+    def probe_page(self, run_id: str, step: int, sample_id: int | None, limit: int,
+                   after: tuple[int, int, int, int] | None) -> "tuple[Any, int, str | None]": ...
 
     def read_alerts(self, run_id: str | None = None, since_step: int | None = None) -> "pd.DataFrame": ...
 

@@ -13,13 +13,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from forksight.base.limits import MAX_TOKEN_ROWS
-from forksight.base.tables import ALERTS, DATA_TABLES, HISTOGRAMS, SAMPLES, SCALARS, TOKEN_COLUMNS, TOKENS
+from forksight.base.tables import ALERTS, DATA_TABLES, HISTOGRAMS, PROBES, SAMPLES, SCALARS, TOKEN_COLUMNS, TOKENS
 
 # Arrow schemas of what the writer inserts (run_id is added by the INSERT itself, except alerts)
 SCALARS_SCHEMA = SCALARS.arrow_schema()
 TOKENS_SCHEMA = TOKENS.arrow_schema()
 SAMPLES_SCHEMA = SAMPLES.arrow_schema()
 HISTOGRAMS_SCHEMA = HISTOGRAMS.arrow_schema()
+PROBES_SCHEMA = PROBES.arrow_schema()
 ALERTS_SCHEMA = ALERTS.arrow_schema(run_id=True)
 
 
@@ -36,6 +37,7 @@ class Records:
     tokens: pa.Table | None = None
     samples: pa.Table | None = None
     histograms: pa.Table | None = None
+    probes: pa.Table | None = None
     digest: str | None = None         # hash of the request that carried them: a reused batch id must match
 
     def tables(self) -> Iterable[tuple[str, pa.Table]]:
@@ -103,6 +105,17 @@ def samples_table(rows: Sequence[Mapping[str, Any]], rank: int = 0) -> pa.Table:
     table = _rows_table(rows, SAMPLES_SCHEMA, rank, "samples")
     _check_text(table, SAMPLES, "samples")
     _check_finite(table, "samples")
+    return table
+
+
+def probes_table(rows: Sequence[Mapping[str, Any]], rank: int = 0) -> pa.Table:
+    """Rows of probe dicts (step, sample_id, pos, v_before, v_after, delta, se, k, ...) -> Arrow."""
+    table = _rows_table(rows, PROBES_SCHEMA, rank, "probes")
+    for name in ("step", "sample_id", "pos"):
+        if table[name].null_count:
+            raise RecordError(f"probes.{name}: null values; every row needs {name}")
+    _check_text(table, PROBES, "probes")
+    _check_finite(table, "probes")
     return table
 
 

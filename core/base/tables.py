@@ -158,6 +158,28 @@ SAMPLES = Table("samples", (
     _short("source", "where the trajectory came from (sampled, teacher, ...)"),
 ))
 
+# Monte-Carlo value probes (hooks/metrics/value_probe.py): V(x, y<t) and V(x, y<=t) of one token of a
+# stored completion, each the mean reward of k continuations sampled from the policy
+PROBES = Table("probes", (
+    _run_id(), _step(), _rank(),
+    Column("sample_id", pa.int64(), "sequence id (as in tokens and samples)", required=True, ge=0),
+    Column("pos", pa.int32(), "position of the probed token in the completion", required=True, ge=0),
+    Column("token_id", pa.int32(), "vocabulary id of the probed token"),
+    Column("token", pa.string(), "decoded token text", max_chars=MAX_TOKEN_CHARS),
+    Column("fork", pa.bool_(), "the token was a fork (H >= the fork threshold)"),
+    Column("entropy", pa.float64(), "Shannon entropy H of the token's distribution (nats)"),
+    Column("v_before", pa.float64(), "V(x, y<t): mean reward of k continuations from before the token"),
+    Column("v_after", pa.float64(), "V(x, y<=t): mean reward of k continuations from after the token"),
+    Column("delta", pa.float64(), "v_after - v_before: the token's effect on the expected reward"),
+    Column("se", pa.float64(), "standard error of delta: sqrt(se_before^2 + se_after^2)", ge=0),
+    Column("se_before", pa.float64(), "standard error of v_before (sample; binomial for 0/1 rewards)", ge=0),
+    Column("se_after", pa.float64(), "standard error of v_after", ge=0),
+    Column("k", pa.int32(), "continuations per value", ge=1),
+    Column("pivotal", pa.bool_(), "|delta| >= the pivot threshold and > 2 SE (the thresholds of the probe)"),
+    Column("alternatives", pa.string(), "JSON list of {token_id, token, value, k}: the branch value "
+           "V(x, y<t + a) of the top alternative tokens a at a fork", max_chars=16 * 1024),
+))
+
 HISTOGRAMS = Table("histograms", (
     _run_id(), _step(), _rank(),
     Column("key", pa.string(), "histogram name, e.g. entropy", required=True, min_chars=1,
@@ -243,14 +265,16 @@ HISTOGRAM_ROLLUPS = Table("histogram_rollups", (
     _sum("count", "values in the bin over the bucket"),
 ), primary_key=("run_id", "key", "width", "bucket", "bin_lo", "bin_hi"))
 
-DATA_TABLES = ("scalars", "tokens", "samples", "histograms")   # what a batch carries
-TABLES = {t.name: t for t in (RUNS, SCALARS, TOKENS, SAMPLES, HISTOGRAMS, ALERTS, BATCHES, TOKEN_STEPS,
+DATA_TABLES = ("scalars", "tokens", "samples", "histograms", "probes")   # what a batch carries
+TABLES = {t.name: t for t in (RUNS, SCALARS, TOKENS, SAMPLES, HISTOGRAMS, PROBES, ALERTS, BATCHES, TOKEN_STEPS,
                               SCALAR_KEYS, SCALAR_ROLLUPS, HISTOGRAM_ROLLUPS)}
 
 # the per-token columns producers send (Arrow IPC bodies and JSON token blocks)
 TOKEN_COLUMNS = {c.name: c for c in TOKENS.wire_columns()}
 # the fields of a sample row a sink keeps (step comes from the call)
 SAMPLE_FIELDS = tuple(c.name for c in SAMPLES.wire_columns() if c.name != "step")
+# the fields of a probe row a sink keeps (step comes from the call)
+PROBE_FIELDS = tuple(c.name for c in PROBES.wire_columns() if c.name != "step")
 
 
 # files written before runs.last_step was kept at ingest: computed once from their scalars

@@ -9,11 +9,15 @@ import time
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
-from forksight.base.records import Records, histograms_table, samples_table, scalars_table, tokens_table
+from forksight.base.records import (
+    Records, histograms_table, probes_table, samples_table, scalars_table, tokens_table,
+)
 from forksight.base.runspec import RunSpec
 from forksight.monitor.collector.ingest import Ingest
 from forksight.monitor.collector.store import Store
-from forksight.monitor.sinks.base import SinkBase, finite_scalars, histogram_item, sample_rows, track, untrack
+from forksight.monitor.sinks.base import (
+    SinkBase, finite_scalars, histogram_item, probe_rows, sample_rows, track, untrack,
+)
 
 log = logging.getLogger("forksight.client")
 
@@ -82,6 +86,10 @@ class LocalSink(SinkBase):
 
     def log_histogram(self, step: int, key: str, counts, edges) -> None:
         self._submit(histograms=histograms_table([histogram_item(step, key, counts, edges)], self.rank))
+
+    def log_probes(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        if rows:
+            self._submit(probes=probes_table(probe_rows(step, rows, self._warned), self.rank))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything logged so far is stored (and its alerts received); False when a

@@ -7,7 +7,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from forksight.base.errors import ApiError, validation_message
-from forksight.base.records import RecordError, Records, histograms_table, samples_table, scalars_table, tokens_table
+from forksight.base.records import (
+    RecordError, Records, histograms_table, probes_table, samples_table, scalars_table, tokens_table,
+)
 from forksight.monitor.collector.schema import Batch
 
 
@@ -24,6 +26,7 @@ def batch_records(batch: Batch) -> Records:
         samples=samples_table([r.model_dump() for r in batch.samples], rank) if batch.samples else None,
         histograms=histograms_table([r.model_dump() for r in batch.histograms], rank) if batch.histograms else None,
         tokens=tokens,
+        probes=probes_table([r.model_dump() for r in batch.probes], rank) if batch.probes else None,
     )
 
 

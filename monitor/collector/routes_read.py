@@ -91,6 +91,29 @@ def read_routes(reader: Reader, has_run: Callable[[str], bool]) -> APIRouter:
             headers["X-Next-Cursor"] = after
         return Response(table_json(page), media_type="application/json", headers=headers)
 
+    @router.get("/api/runs/{run_id}/probe_steps")
+    def probe_steps(run_id: Run) -> list[int]:
+        """Steps that hold Monte-Carlo value probes (`forksight probe`, --probe-every), ascending."""
+        return reader.probe_steps(run_id)
+
+    @router.get("/api/runs/{run_id}/probes", responses={200: {"headers": {
+        "X-Total-Count": {"description": "probe rows of the step (and sample) in all", "schema": {"type": "integer"}},
+        "X-Next-Cursor": {"description": "pass as ?cursor= for the next page; absent on the last",
+                          "schema": {"type": "string"}}}}})
+    def probes(run_id: Run, step: Annotated[int, Query(ge=INT64_MIN, le=INT64_MAX)],
+               sample_id: OptionalInt64 = None,
+               limit: int = Query(TOKEN_PAGE_DEFAULT, ge=1, le=TOKEN_PAGE_MAX, description="rows per page"),
+               cursor: str | None = Query(None, max_length=100,
+                                          description="the X-Next-Cursor of the previous page")) -> Response:
+        """One page of a step's value probes (sample_id, pos, token_id, token, fork, entropy, v_before,
+        v_after, delta, se, se_before, se_after, k, pivotal, alternatives as JSON text), ordered and
+        paged as /tokens is: X-Total-Count says how many, X-Next-Cursor names the next page."""
+        page, total, after = reader.probe_page(run_id, step, sample_id, limit, parse_cursor(cursor))
+        headers = {"X-Total-Count": str(total)}
+        if after is not None:
+            headers["X-Next-Cursor"] = after
+        return Response(table_json(page), media_type="application/json", headers=headers)
+
     @router.get("/api/runs/{run_id}/samples")
     def samples(run_id: Run, step: OptionalInt64 = None, group_id: OptionalInt64 = None,
                 limit: int = Query(10_000, ge=1, le=100_000)) -> Response:

@@ -12,7 +12,7 @@ from forksight.base.limits import (
     MAX_SCALAR_ROWS, MAX_SHORT_CHARS, MAX_TOKEN_BLOCKS, MAX_TOKEN_ROWS, RUN_ID_PATTERN,
 )
 from forksight.base.runspec import RunConfig
-from forksight.base.tables import HISTOGRAMS, SAMPLES, SCALARS, TOKEN_COLUMNS, Table
+from forksight.base.tables import HISTOGRAMS, PROBES, SAMPLES, SCALARS, TOKEN_COLUMNS, Table
 
 Rank = Annotated[int, Field(ge=0, le=MAX_RANK)]
 Short = Annotated[str, Field(max_length=MAX_SHORT_CHARS)]
@@ -61,6 +61,7 @@ class RunUpdate(_RunMeta):
 # ---------------------------------------------------------------------------- records
 ScalarRow = _row_model("ScalarRow", SCALARS, "One per-step number.")
 SampleRow = _row_model("SampleRow", SAMPLES, "One trajectory with its verification result.")
+ProbeRow = _row_model("ProbeRow", PROBES, "One probed token: Monte-Carlo values before and after it.")
 
 
 class _HistogramBase(_Strict):
@@ -123,6 +124,7 @@ class Batch(_Strict):
     samples: list[SampleRow] = Field(default_factory=list, max_length=MAX_SAMPLE_ROWS)
     histograms: list[HistogramRow] = Field(default_factory=list, max_length=MAX_HISTOGRAMS)
     tokens: list[TokenBlock] = Field(default_factory=list, max_length=MAX_TOKEN_BLOCKS)
+    probes: list[ProbeRow] = Field(default_factory=list, max_length=MAX_SAMPLE_ROWS)
 
     @model_validator(mode="after")
     def _token_rows(self) -> "Batch":

@@ -8,7 +8,7 @@ import re
 import pyarrow as pa
 
 from forksight.base.errors import ApiError
-from forksight.base.tables import TOKENS
+from forksight.base.tables import TOKENS, Table
 
 TOKEN_PAGE_DEFAULT = 10_000      # rows per page when the client names no limit
 TOKEN_PAGE_MAX = 100_000         # the most a page may hold (about 10-30 MB of JSON)
@@ -34,7 +34,13 @@ def read_token_page(reader, run_id: str, step: int, sample_id: int | None, limit
     holder = getattr(reader, "holder_of", None)
     if holder is not None:
         reader, run_id = holder(run_id, step)
-    cols = ", ".join(n for n in TOKENS.names if n != "run_id")
+    return read_step_page(reader, TOKENS, run_id, step, sample_id, limit, after)
+
+
+def read_step_page(reader, spec: Table, run_id: str, step: int, sample_id: int | None, limit: int,
+                   after: tuple[int, int, int, int] | None) -> tuple[pa.Table, int, str | None]:
+    """read_token_page's page of any per-token table (`spec`: tokens, probes) of a collector Reader."""
+    cols = ", ".join(n for n in spec.names if n != "run_id")
     where, params = "run_id = ? AND step = ?", [run_id, int(step)]
     if sample_id is not None:
         where, params = where + " AND sample_id = ?", params + [int(sample_id)]
@@ -44,9 +50,9 @@ def read_token_page(reader, run_id: str, step: int, sample_id: int | None, limit
     with reader._lock:
         cur = reader._conn.cursor()       # own connection: reads run beside the writer
     try:
-        total = cur.execute(f"SELECT count(*) FROM tokens WHERE {where}", params).fetchall()[0][0]
+        total = cur.execute(f"SELECT count(*) FROM {spec.name} WHERE {where}", params).fetchall()[0][0]
         # a relation straight to Arrow: no extra copy of the page (DuckDB warns on the DB-API path)
-        table = cur.sql(f"SELECT {cols}, rowid AS _row FROM tokens WHERE {page_where} ORDER BY {_KEY} LIMIT ?",
+        table = cur.sql(f"SELECT {cols}, rowid AS _row FROM {spec.name} WHERE {page_where} ORDER BY {_KEY} LIMIT ?",
                         params=[*page_params, int(limit) + 1]).to_arrow_table()
     finally:
         cur.close()

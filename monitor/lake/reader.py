@@ -2,7 +2,13 @@
 lake together. A run the file holds is read from the file, as without a lake; a run only the lake
 holds (another collector's) is shown as '<run_id>@<collector>' and read by the SAME Reader SQL over a
 per-run DuckDB whose step tables are views on the Parquet files its Iceberg scan plan lists. The list
-of lake runs and alerts is cached and refreshed every REFRESH_S, not per request."""
+of lake runs and alerts is cached and refreshed every REFRESH_S, not per request.
+
+Caches, each for a cost measured per page: loaded tables (CachedTables: a catalog row and a metadata file
+per load, tens of loads a page), the index of lake runs and alerts (a scan of two Iceberg tables), the open
+lake runs (planning and views, seconds each) and the file's moved token steps (read once: only `compact
+--to-lake` changes them, and it needs the file closed). Whether the file holds a run is asked of the file
+each time (one indexed query): a cached 'no' went stale when the run arrived."""
 from __future__ import annotations
 
 import threading
@@ -46,9 +52,7 @@ class TieredReader:
         self._runs = pa.table({c.name: pa.array([], c.arrow) for c in RUNS.columns})
         self._alerts = pa.table({c.name: pa.array([], c.arrow) for c in ALERTS.columns})
         self._open: OrderedDict[str, tuple] = OrderedDict()
-        self._not_local: dict[str, float] = {}  # ids the file did not hold, when asked
-        self._moved_steps: dict[str, set[int]] | None = None
-        self._moved_rows: dict[str, dict[int, int]] = {}
+        self._moved_rows: dict[str, dict[int, int]] | None = None    # run -> {moved step: its token rows}
         self.error: str | None = None           # the catalog's last failure (pages show the file's runs)
 
     # -- the lake's index of runs and alerts
@@ -135,9 +139,10 @@ class TieredReader:
             self._open.clear()
 
     # -- token steps `compact --to-lake` moved out of the file (this collector's own runs)
-    def _moved(self, run_id: str) -> set[int]:
-        """Steps of a run in the file whose token rows live only in the lake (lake_token_steps)."""
-        if self._moved_steps is None:           # the file changes only while serve is stopped: read once
+    def _moved(self, run_id: str) -> dict[int, int]:
+        """Steps of a run in the file whose token rows live only in the lake (lake_token_steps), with
+        their row counts."""
+        if self._moved_rows is None:            # the file changes only while serve is stopped: read once
             cur = self.store.read_cursor()
             try:
                 has = cur.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
@@ -149,8 +154,7 @@ class TieredReader:
             for rid, step, n in rows:
                 moved.setdefault(rid, {})[int(step)] = int(n)
             self._moved_rows = moved
-            self._moved_steps = {rid: set(steps) for rid, steps in moved.items()}
-        return self._moved_steps.get(run_id, set())
+        return self._moved_rows.get(run_id, {})
 
     def _own_lake(self, run_id: str):
         """The lake Reader of this collector's run `run_id` (its moved token steps), under its shown id."""
@@ -174,19 +178,8 @@ class TieredReader:
         return self._lake_reader(run_id) or self.local
 
     def _is_local(self, run_id: str) -> bool:
-        """Whether the file holds `run_id`; a lake-only run's 'no' is kept for refresh_s (a page
-        asks it on every read, and a run of this collector is never shown under another's id)."""
-        with self._lock:
-            known = self._not_local.get(run_id)
-        if known is not None and time.monotonic() - known < self.refresh_s:
-            return False
-        if self.local.has_run(run_id):
-            return True
-        with self._lock:
-            if len(self._not_local) > 4 * self.open_runs:
-                self._not_local.clear()
-            self._not_local[run_id] = time.monotonic()
-        return False
+        """Whether the file holds `run_id`."""
+        return self.local.has_run(run_id)
 
     def holder_of(self, run_id: str, step: int) -> tuple:
         """(the Reader holding `step`'s token rows of `run_id`, the id it knows the run by): what
@@ -294,7 +287,7 @@ class TieredReader:
     def read_token_history(self, run_id: str, steps: Sequence[int], metric: str | Sequence[str],
                            prompt: str | None = None, per_step: int = 20_000) -> pd.DataFrame:
         reader = self._of(run_id)
-        moved = self._moved(run_id) if reader is self.local else set()
+        moved = self._moved(run_id) if reader is self.local else {}
         here = [s for s in steps if int(s) not in moved]
         df = reader.read_token_history(run_id, here, metric, prompt=prompt, per_step=per_step)
         there = [s for s in steps if int(s) in moved]
@@ -317,13 +310,23 @@ class TieredReader:
                      limit: int = 10_000) -> pd.DataFrame:
         return self._of(run_id).read_samples(run_id, step, group_id, limit=limit)
 
+    def probe_steps(self, run_id: str) -> list[int]:
+        return self._of(run_id).probe_steps(run_id)
+
+    def read_probes(self, run_id: str, step: int, sample_id: int | None = None,
+                    limit: int = 100_000) -> pd.DataFrame:
+        return self._of(run_id).read_probes(run_id, step, sample_id, limit=limit)
+
+    def probe_page(self, run_id: str, step: int, sample_id: int | None, limit: int, after) -> tuple:
+        # probes stay in the file (the lake keeps no probes: a lake-only run has none)
+        return self._of(run_id).probe_page(run_id, step, sample_id, limit, after)
+
     def run_progress(self, run_id: str) -> tuple[int, int]:
         return self._of(run_id).run_progress(run_id)
 
     def row_counts(self, run_id: str) -> dict[str, int]:
         reader = self._of(run_id)
         counts = reader.row_counts(run_id)
-        if reader is self.local and self._moved(run_id):     # the moved rows count where they live now
-            lake, shown = self._own_lake(run_id)
-            counts["tokens"] += sum(self._moved_rows.get(run_id, {}).values())
+        if reader is self.local:             # the moved rows count where they live now (as the file said)
+            counts["tokens"] += sum(self._moved(run_id).values())
         return counts

@@ -77,6 +77,28 @@ def sample_rows(step: int, rows: Sequence[Mapping[str, Any]], warned: set) -> li
     return out
 
 
+def probe_rows(step: int, rows: Sequence[Mapping[str, Any]], warned: set) -> list[dict]:
+    """Probe dicts -> storable rows: known fields only, non-finite numbers as null, the
+    alternatives' JSON within its limit (dropped with a warning past it)."""
+    from forksight.base.tables import PROBE_FIELDS, PROBES
+
+    limits = {c.name: c.max_chars for c in PROBES.columns if c.max_chars is not None}
+    out = []
+    for row in rows:
+        clean: dict[str, Any] = {"step": int(step)}
+        for name in PROBE_FIELDS:
+            value = row.get(name)
+            value = value.item() if hasattr(value, "item") else value
+            if isinstance(value, float) and not math.isfinite(value):
+                value = None
+            if name in limits and isinstance(value, str) and len(value) > limits[name]:
+                _warn_once(warned, f"probe-{name}-long", "probe %s over %d characters: not stored", name, limits[name])
+                value = None
+            clean[name] = value
+        out.append(clean)
+    return out
+
+
 def histogram_item(step: int, key: str, counts, edges) -> dict:
     import numpy as np
 

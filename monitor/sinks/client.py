@@ -43,6 +43,9 @@ class NullSink(SinkBase):
     def log_histogram(self, step: int, key: str, counts, edges) -> None:
         pass
 
+    def log_probes(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        pass
+
     def flush(self, timeout: float | None = None) -> bool:
         return True
 

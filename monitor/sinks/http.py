@@ -20,7 +20,9 @@ from typing import Any, Mapping, Sequence
 
 from forksight.base.runspec import RunSpec
 from forksight.monitor.sinks import spool as spool_mod
-from forksight.monitor.sinks.base import SinkBase, finite_scalars, histogram_item, sample_rows, track, untrack
+from forksight.monitor.sinks.base import (
+    SinkBase, finite_scalars, histogram_item, probe_rows, sample_rows, track, untrack,
+)
 from forksight.monitor.sinks.outbox import DeliveryError, Outbox
 from forksight.monitor.sinks.run_open import RunOpener
 from forksight.monitor.sinks.spool import Item, Spool
@@ -109,6 +111,10 @@ class HttpSink(SinkBase):
 
     def log_histogram(self, step: int, key: str, counts, edges) -> None:
         self.outbox.append("histograms", [histogram_item(step, key, counts, edges)], 1)
+
+    def log_probes(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        rows = probe_rows(step, rows, self._warned)
+        self.outbox.append("probes", rows, len(rows))
 
     def await_alerts(self, timeout: float = 10.0) -> None:
         """As SinkBase.await_alerts, but a collector known to be down (backing off) costs nothing, and

@@ -10,7 +10,7 @@ from typing import Callable
 
 from forksight.monitor.sinks.spool import DATA_KINDS, Item, Spool, requests_of
 
-TABLES = ("scalars", "samples", "histograms", "tokens")
+TABLES = ("scalars", "samples", "histograms", "probes", "tokens")
 
 
 class DeliveryError(RuntimeError):

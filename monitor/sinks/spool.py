@@ -35,19 +35,22 @@ class Item:
             body = json.loads(self.body)
         except ValueError:
             return Counter(unknown=self.rows)
-        out = Counter({t: len(body.get(t) or []) for t in ("scalars", "samples", "histograms")})
+        out = Counter({t: len(body.get(t) or []) for t in ("scalars", "samples", "histograms", "probes")})
         out["tokens"] = sum(len(b.get("sample_id") or []) for b in body.get("tokens") or [])
         return +out
 
 
 def requests_of(buf: dict[str, list], rank: int, max_rows: int) -> list[Item]:
-    """Buffered rows -> requests: one JSON batch (scalars, samples, histograms), Arrow IPC for tokens."""
+    """Buffered rows -> requests: one JSON batch (scalars, samples, histograms, probes), Arrow IPC for tokens."""
     items: list[Item] = []
-    if buf["scalars"] or buf["samples"] or buf["histograms"]:
+    json_tables = [t for t in ("scalars", "samples", "histograms", "probes") if buf.get(t)]
+    if json_tables:
         batch_id = uuid.uuid4().hex
         body = {"batch_id": batch_id, "rank": rank, "scalars": buf["scalars"], "samples": buf["samples"],
                 "histograms": buf["histograms"]}
-        rows = len(buf["scalars"]) + len(buf["samples"]) + len(buf["histograms"])
+        if buf.get("probes"):        # only when there are some: a collector before probes refuses the field
+            body["probes"] = buf["probes"]
+        rows = sum(len(buf[t]) for t in json_tables)
         items.append(Item("json", batch_id, json.dumps(body).encode(), rows))
     if buf["tokens"]:
         import pyarrow as pa
