@@ -144,8 +144,11 @@ def setup(config: TrainConfig, sink: Sink | None = None, *, model=None, tokenize
     reporter = StepReporter(sink, tokenizer, token_groups=config.token_groups)
     sampler = Sampler(model, config.sampler_dtype, noise=config.sampler_noise,
                       noise_from_step=config.sampler_noise_from_step, seed=config.seed)
+    from forksight.trainer.probe import make_prober
+
     ctx = Context(config, model, tokenizer, optimizer, task, reporter, ref, teacher, rank, world,
-                  policy_path, run_name, head_is_plain(model), sampler=sampler)
+                  policy_path, run_name, head_is_plain(model), sampler=sampler,
+                  prober=make_prober(config, sink, tokenizer))
     return ctx, sink
 
 

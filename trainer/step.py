@@ -40,6 +40,7 @@ class Context:
     report_seconds: float = 0.0   # time the last StepReporter.report call took
     sampler: Any = None           # trainer.sampler.Sampler; None = the policy samples, no sampler log p
     capture_sampler_logp: bool = True  # False: the sampler's log p is neither computed nor shipped (benchmarks)
+    prober: Any = None            # hooks.capture.step_probe.StepProber (--probe-every), or None
 
 
 @dataclass
@@ -227,6 +228,10 @@ def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, flo
     stats = statistics(ctx, batch.roll, logits, report)
     t_stats = time.perf_counter()
     sel, teacher_logits, _ = selection(ctx, step, batch.roll, logits, stats, adv)
+    if ctx.prober is not None and ctx.prober.due(step):    # the policy of this step: before its update
+        from forksight.trainer.probe import probe_step
+
+        probe_step(ctx, step, batch, stats, sel.mask)
     trained, corrected = update(ctx, batch.roll, logits, hidden, adv, sel, teacher_logits)
     extra = {**sel.info, **trained}
     extra.update({"time/rollout": t_rollout - t0, "time/stats": t_stats - t_forward,

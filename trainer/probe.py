@@ -1,0 +1,55 @@
+"""`forksight train --probe-every N`: value probes of the step's own completions with the task's
+verifier as the reward and the policy of that step (before its update), through the capture
+room's StepProber (budget, rows, probe/* scalars)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from forksight.hooks.capture.step_probe import StepProber
+from forksight.hooks.metrics.probe_stats import TokenSignals
+from forksight.hooks.metrics.value_probe import ProbeInput, ProbeSettings
+
+
+def make_prober(config, sink, tokenizer) -> StepProber | None:
+    """The run's prober, or None when probing is off (probe_every 0, the default)."""
+    if not config.probe_every:
+        return None
+    positions = config.probe_positions
+    settings = ProbeSettings(k=config.probe_k, positions=int(positions) if positions.isdigit() else positions,
+                             temperature=config.temperature, max_new_tokens=config.max_new_tokens,
+                             first_token_eos=False, seed=config.seed)      # the rollouts' min_new_tokens=1
+    return StepProber(sink, settings, every=config.probe_every, samples=config.probe_samples,
+                      budget=config.probe_budget, decode=lambda t: tokenizer.decode([t]))
+
+
+def _row(values: torch.Tensor | None, i: int, n: int) -> list | None:
+    if values is None:
+        return None
+    return [None if v != v else v for v in values[i, :n].detach().float().cpu().tolist()]   # NaN -> None
+
+
+def probe_step(ctx: Any, step: int, batch: Any, stats: Any, selected: torch.Tensor) -> dict | None:
+    """Probe `ctx.prober.samples` of this step's completions; the probe/* scalars (None: skipped)."""
+    roll, cfg, tok = batch.roll, ctx.config, ctx.tokenizer
+    prompt_ids = [row[mask.bool()].tolist() for row, mask in
+                  zip(roll.input_ids[:, :roll.prompt_len], roll.attention_mask[:, :roll.prompt_len])]
+    lengths = roll.mask.sum(-1).tolist()
+    rows_here = roll.completion.shape[0]
+    picked = ctx.prober.pick(rows_here, step)
+    inputs, signals, problems = [], [], []
+    for i in picked:
+        n = int(lengths[i])
+        sample_id = ctx.rank * rows_here + i                    # as the reporter numbers samples
+        entropy = _row(stats.entropy, i, n)
+        inputs.append(ProbeInput(sample_id, prompt_ids[i], roll.completion[i, :n].tolist(), entropy=entropy))
+        signals.append(TokenSignals(sample_id, entropy, _row(stats.js, i, n),
+                                    selected[i, :n].bool().cpu().tolist()))
+        problems.append(batch.problems[i // cfg.group_size])
+
+    def reward(j: int, ids: list[int]) -> float:
+        return ctx.task.verify(problems[j], tok.decode(ids, skip_special_tokens=True))[0]
+
+    return ctx.prober.run(step, ctx.model, inputs, signals, reward, eos_id=tok.eos_token_id,
+                          pad_id=tok.pad_token_id)
