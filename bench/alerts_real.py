@@ -20,7 +20,7 @@ from forksight.monitor.alerts.hub import AlertMonitor
 CACHE = Path(__file__).resolve().parents[1] / "tests" / "data" / "alerts_real_runs.json"
 TARGET_LEAD = 20
 # what the detectors and the peers read; the rest of the ~45 logged scalars stay out of the cache
-KEYS = ("entropy/mean", "renyi2/mean", "reward/mean", "reward/std", "length/mean", "pass@1", "pass@8",
+KEYS = ("kl/beta", "entropy/mean", "renyi2/mean", "reward/mean", "reward/std", "length/mean", "pass@1", "pass@8",
         "groups/zero_var_frac", "fork/frac", "cov/logp_adv", "kl", "loss", "grad_norm", "clip/frac")
 # (name, kind, preset, overrides). Collapse: the fixed-string reward, from a cold start (entropy
 # near log|V|) or from the warm-up; collapse_fast: so fast (≈25 steps from step 0) that no

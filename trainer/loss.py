@@ -73,6 +73,9 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     loss = masked_normalise(per_token, sel, valid, normalizer)
     n_sel = sel.sum().clamp(min=1)
     info["clip/frac"] = float(((clipped < unclipped) & sel).sum() / n_sel)  # the clip won the min
+    # which bound won it (as TRL's clip_ratio/high_mean, low_mean): clip_asymmetry reads the split
+    info["clip/high_frac"] = float(((ratio > 1 + clip_high) & (adv > 0) & sel).sum() / n_sel)
+    info["clip/low_frac"] = float(((ratio < 1 - clip_low) & (adv < 0) & sel).sum() / n_sel)
     return loss, info
 
 

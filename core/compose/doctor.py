@@ -22,7 +22,11 @@ NEEDS = {
     "reward_composition": ("rewards/<name>/mean",),
     "train_inference_mismatch": ("mismatch/kl_k3", "mismatch/kl_k1", "mismatch/logp_diff_abs_mean",
                                  "mismatch/frac_outside_2x", "mismatch/seq_ess"),
+    "length_hacking": ("length/mean", "completions/mean_length"),
+    "clip_asymmetry": ("clip/high_frac and clip/low_frac", "clip_ratio/high_mean and clip_ratio/low_mean"),
+    "kl_inert": ("kl", "actor/kl_loss"),
 }
+CLIP_SIDES = (("clip/high_frac", "clip/low_frac"), ("clip_ratio/high_mean", "clip_ratio/low_mean"))
 SEVERITY_RANK = {"healthy": 0, "warning": 1, "critical": 2}
 
 
@@ -143,7 +147,8 @@ def diagnose(source: str, run: str | None = None, config=None) -> Diagnosis:
         d: (d == "non_finite" and bool(keys)) or any(k in keys for k in need) or (
             d == "lost_diversity" and any(k.startswith("pass@") for k in keys)) or (
             d == "reward_composition" and sum(k.startswith("rewards/") and k.endswith("/mean") for k in keys) >= 2) or (
-            d == "reward_eval_divergence" and any(k.startswith("eval/") for k in keys))
+            d == "reward_eval_divergence" and any(k.startswith("eval/") for k in keys)) or (
+            d == "clip_asymmetry" and any({a, b} <= keys for a, b in CLIP_SIDES))
         for d, need in NEEDS.items()}
     return Diagnosis(name, str(source), kind, steps, rows, alerts,
                      checked=[d for d, ok in present.items() if ok],

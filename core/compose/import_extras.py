@@ -10,13 +10,18 @@ TOKENS_PER_BATCH = 1_000_000      # tokens-table rows per write (the store's bat
 
 
 def merge_sample_scalars(steps: list[int], rows: list[dict], samples: list[dict]) -> tuple[list[int], list[dict]]:
-    """steps/rows with pass@1..pass@G (groups of each step, correct = the sample's verdict) and the
-    samples' mean reward as reward/mean where a step has none; steps only the samples have are added."""
+    """steps/rows with pass@1..pass@G (groups of each step, correct = the sample's verdict), the
+    samples' mean reward as reward/mean where a step has none, and groups/length_reward_corr where
+    the samples carry token lengths; steps only the samples have are added."""
     from forksight.hooks.metrics.passk import pass_at_k_groups
+    from forksight.hooks.metrics.summary import length_reward_corr
 
     groups: dict[int, dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
     rewards: dict[int, list[float]] = defaultdict(list)
+    sized: dict[int, list[tuple]] = defaultdict(list)      # (group, reward, length) of samples with a length
     for s in samples:
+        if s.get("length") is not None and s.get("reward") is not None:
+            sized[s["step"]].append((s.get("group_id") or 0, float(s["reward"]), float(s["length"])))
         if s.get("correct") is not None:
             groups[s["step"]][s.get("group_id") or 0].append(bool(s["correct"]))
         if s.get("reward") is not None and math.isfinite(s["reward"]):
@@ -29,6 +34,9 @@ def merge_sample_scalars(steps: list[int], rows: list[dict], samples: list[dict]
                 row.setdefault(f"pass@{k}", value)
         if rewards.get(step):
             row.setdefault("reward/mean", sum(rewards[step]) / len(rewards[step]))
+        corr = length_reward_corr(*zip(*sized[step])) if sized.get(step) else None
+        if corr is not None:
+            row.setdefault("groups/length_reward_corr", corr)
     ordered = sorted(by_step)
     return ordered, [by_step[s] for s in ordered]
 

@@ -74,8 +74,9 @@ class StepReporter:
         if len(ids) != mask.shape[0]:
             raise ValueError(f"sample_ids has {len(ids)} entries for {mask.shape[0]} rows: give one id per row")
         if samples:
+            lengths = [s.get("length", n) for s, n in zip(samples, mask.sum(dim=1).tolist())]
             scalars.update(metrics.group_scalars(group_list, [s["reward"] for s in samples],
-                                                 [bool(s.get("correct", False)) for s in samples]))
+                                                 [bool(s.get("correct", False)) for s in samples], lengths))
         for key, value in (extra or {}).items():
             if value is not None:
                 scalars[key] = float(value)

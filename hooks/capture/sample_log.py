@@ -60,7 +60,8 @@ class SampleLog:
         self.sink.log_samples(step, rows)
         if with_scalars:
             self.sink.log_scalars(step, metrics.group_scalars([r["group_id"] for r in rows],
-                                                              [r["reward"] for r in rows], [r["correct"] for r in rows]))
+                                                              [r["reward"] for r in rows], [r["correct"] for r in rows],
+                                                              [r.get("length") for r in rows]))
 
     def release(self, step: int, lengths: dict[int, int]) -> None:
         """Send step's rows (with lengths from its forwards) and any older ones that never had a forward."""

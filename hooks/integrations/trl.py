@@ -254,9 +254,9 @@ class ForksightCallback(TrainerCallback):
         prompts, completions = list(logs["prompt"])[-n:], list(logs["completion"])[-n:]
         self._samples = [{"sample_id": i, "prompt": as_text(prompts[i]), "completion": as_text(completions[i]),
                           "reward": rewards[i], "correct": correct[i]} for i in range(offset, min(offset + local, n))]
-        G = trainer.num_generations
-        self._group_scalars = (group_scalars([i // G for i in range(n)], rewards, correct)
-                               if accel.is_main_process and n else None)
+        lengths = out["completion_mask"].sum(1).tolist() if "completion_mask" in out and size == local == n else None
+        self._group_scalars = (group_scalars([i // trainer.num_generations for i in range(n)], rewards, correct,
+                                             lengths) if accel.is_main_process and n else None)
 
     def _sampler_of(self, out: dict, offset: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """This batch's sampler log p [B, C] and TRL's corrected tokens; a bad row is warned about and

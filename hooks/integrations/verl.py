@@ -268,7 +268,8 @@ class ForksightLogger:
         if entropy is None or tuple(entropy.shape) != tuple(mask.shape):
             from forksight.hooks.metrics import group_scalars
 
-            scalars = group_scalars(group_ids, [s["reward"] for s in samples], [s["correct"] for s in samples])
+            scalars = group_scalars(group_ids, [s["reward"] for s in samples], [s["correct"] for s in samples],
+                                    mask.sum(-1).tolist())
             self.sink.log_scalars(step, scalars)
             self.sink.log_samples(step, StepReporter._sample_rows(samples, group_ids, mask, list(range(len(uids)))))
             return scalars

@@ -78,8 +78,28 @@ def summarize(stats: TokenStats, *, selected: Tensor | None = None, advantages=N
     return out
 
 
-def group_scalars(group_ids: Sequence[int], rewards: Sequence[float], correct: Sequence[bool]) -> dict[str, float]:
-    """reward/mean, reward/std, pass@1..pass@G and the fraction of zero-variance groups."""
+def length_reward_corr(group_ids: Sequence[int], rewards: Sequence[float],
+                       lengths: Sequence[float | None]) -> float | None:
+    """Mean over groups of the Pearson correlation of reward and completion length inside the group
+    (groups of ≥ 3 known lengths whose rewards and lengths both vary); None when no group qualifies.
+    Positive: longer completions of the same prompt earn more (length_hacking's mechanism)."""
+    by_group: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for gid, r, n in zip(group_ids, rewards, lengths):
+        if n is not None and np.isfinite(r):
+            by_group[int(gid)].append((float(r), float(n)))
+    values = []
+    for pairs in by_group.values():
+        if len(pairs) >= 3:
+            r, n = np.asarray(pairs, dtype=np.float64).T
+            if np.ptp(r) > 0 and np.ptp(n) > 0:
+                values.append(float(np.corrcoef(r, n)[0, 1]))
+    return float(np.mean(values)) if values else None
+
+
+def group_scalars(group_ids: Sequence[int], rewards: Sequence[float], correct: Sequence[bool],
+                  lengths: Sequence[float | None] | None = None) -> dict[str, float]:
+    """reward/mean, reward/std, pass@1..pass@G, the fraction of zero-variance groups and, given the
+    completions' lengths, groups/length_reward_corr (length_reward_corr)."""
     by_group: dict[int, list[int]] = defaultdict(list)
     for row, gid in enumerate(group_ids):
         by_group[int(gid)].append(row)
@@ -90,4 +110,7 @@ def group_scalars(group_ids: Sequence[int], rewards: Sequence[float], correct: S
         out[f"pass@{k}"] = float(value)
     zero_var = [np.ptp(rewards_arr[rows]) == 0 for rows in by_group.values()]
     out["groups/zero_var_frac"] = float(np.mean(zero_var))
+    corr = length_reward_corr(group_ids, rewards, lengths) if lengths is not None else None
+    if corr is not None:
+        out["groups/length_reward_corr"] = corr
     return out

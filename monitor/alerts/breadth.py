@@ -71,14 +71,18 @@ class TruncationDetector(_Level):
               "mask truncated completions out of the loss (DAPO overlong filtering) or use a soft overlong "
               "penalty, or raise max_new_tokens / max_completion_length (generation cost grows with it).")
 
-    def __init__(self, config: TruncationConfig) -> None:
+    def __init__(self, config: TruncationConfig, cause: Detector | None = None) -> None:
         super().__init__(config)
+        self.cause = cause    # length_hacking: completions pushed to the cap by a reward that pays length
 
     def quiet(self, value: float) -> bool:
         # every completion cut off from the first steps on: fixed-length generation by design, or a
         # model that never learned to stop; no completion ends, so the cap cannot tell a good
-        # prefix from a bad one (a share that climbs there from lower still warns)
+        # prefix from a bad one (a share that climbs there from lower still warns). While length
+        # hacking holds, the cap is its symptom, and raising it (this alert's fix) would feed it.
         c = self.config
+        if self.cause is not None and self.cause.active:
+            return True
         return self.base.ready and self.base.value >= c.always_frac and value >= c.always_frac
 
     def message(self, key: str, value: float, thr: float) -> str:
@@ -90,11 +94,15 @@ class ClipDetector(_Level):
     name = "clip_saturation"
     fix = "lower the learning rate or the updates per batch"
     action = ("The ratio clip is throwing the update away: lower the learning rate or the optimiser steps per "
-              "rollout batch (PPO epochs), check that rollouts are not stale (async generation); if the lower "
-              "bound does most of the clipping, raise clip-high (DAPO ε_high ≈ 0.28).")
+              "rollout batch (PPO epochs), check that rollouts are not stale (async generation); if the upper "
+              "bound does most of the clipping, raise clip-high (DAPO ε_high ≈ 0.28; clip_asymmetry says so).")
 
-    def __init__(self, config: ClipConfig) -> None:
+    def __init__(self, config: ClipConfig, cause: Detector | None = None) -> None:
         super().__init__(config)
+        self.cause = cause    # clip_asymmetry: one side binding is a cause with its own, different fix
+
+    def quiet(self, value: float) -> bool:
+        return self.cause is not None and self.cause.active
 
     def message(self, key: str, value: float, thr: float) -> str:
         return (f"Clip saturation: {100 * value:.1f}% of token updates are clipped (`{key}`, smoothed; threshold "
@@ -351,8 +359,9 @@ class CompositionDetector(Detector):
     name = "reward_composition"
     fix = "rescale or drop the saturated component; fix the constant one"
 
-    def __init__(self, config: CompositionConfig) -> None:
+    def __init__(self, config: CompositionConfig, cause: Detector | None = None) -> None:
         super().__init__(config)
+        self.cause = cause    # length_hacking: a length term that dominates is that cause, named there
         self.mean: dict[str, DebiasedEMA] = {}
         self.var: dict[str, DebiasedEMA] = {}
         self.gate = Gate(config.cooldown, config.persist)
@@ -377,7 +386,8 @@ class CompositionDetector(Detector):
         shares = {k: (v.value or 0.0) / total for k, v in self.var.items()}
         top = max(shares, key=shares.get)
         dead = sorted(k for k, s in shares.items() if s < c.dead_share)
-        active = shares[top] >= c.dominance and bool(dead)
+        explained = self.cause is not None and self.cause.active and top == self.cause.component
+        active = shares[top] >= c.dominance and bool(dead) and not explained
         if not self.gate.update(step, active, not active):
             return []
         msg = (f"Reward composition: `{top}` carries {100 * shares[top]:.0f}% of the reward variance across steps "

@@ -237,6 +237,64 @@ class MismatchConfig(DetectorConfig):
         return self
 
 
+class LengthHackingConfig(DetectorConfig):
+    """Completions growing far past their early length while the reward gained is paid for length."""
+
+    smoothing: float = Field(0.8, ge=0.0, lt=1.0, description="EMA factor β of length, reward and its components (0.8: about five steps, so the alert leads the truncation it causes)")
+    persist: int = Field(5, ge=1, description="the condition must hold this many consecutive steps")
+    cooldown: int = Field(200, ge=0, description="minimum steps between two length-hacking alerts of one severity")
+    baseline_steps: int = Field(10, ge=1, description="the median of the first N lengths and rewards is the run's early level (one odd early step cannot set it)")
+    length_keys: list[str] = Field(["length/mean", "completions/mean_length", "response_length/mean"], description="mean completion length (tokens); the first present is used")
+    reward_keys: list[str] = Field(["reward/mean", "reward"], description="total reward per step; the first present is used")
+    corr_key: str = Field("groups/length_reward_corr", description="within-group Pearson correlation of reward and length, averaged over groups (from the step's samples)")
+    growth: float = Field(1.5, gt=1.0, description="length counts as grown once its smoothed value is this multiple of its early level")
+    critical_growth: float = Field(3.0, gt=1.0, description="critical from this multiple (the cost of generation has tripled for a reward that pays length)")
+    min_reward_gain: float = Field(0.05, gt=0.0, description="the smoothed reward (or a length-like component of it) must have risen at least this much above its early level")
+    min_corr: float = Field(0.3, gt=0.0, le=1.0, description="samples: longer completions of a group earn more, smoothed within-group correlation at least this")
+    length_components: list[str] = Field(["length", "len_", "_len", "verbos", "long"], description="a reward component rewards/<name>/mean whose name contains one of these pays for length")
+    component_share: float = Field(0.5, gt=0.0, le=1.0, description="a length component explains the gain when it carries this share of the reward's rise")
+    correct_components: list[str] = Field(["acc", "correct", "exact", "verif", "solved"], description="a component whose name contains one of these scores correctness")
+    correct_keys: list[str] = Field(["eval/pass@1", "eval/reward", "eval/accuracy"], description="held-out scores; with a correctness component, the signals that must follow the reward")
+    max_correct_share: float = Field(0.25, ge=0.0, lt=1.0, description="correctness does not follow when its rise is under this share of the reward's")
+    min_r2: float = Field(0.5, ge=0.0, le=1.0, description="scalars only: smoothed reward regressed on smoothed length over the window explains this share of its variance")
+    window: int = Field(30, ge=5, description="steps in that regression")
+
+
+class ClipAsymmetryConfig(DetectorConfig):
+    """One side of the ratio clip (upper or lower) binding far more often than the other, persistently."""
+
+    persist: int = Field(10, ge=1, description="the lopsided clip must hold this many consecutive steps")
+    cooldown: int = Field(200, ge=0, description="minimum steps between two clip-asymmetry alerts")
+    high_keys: list[str] = Field(["clip/high_frac", "clip_ratio/high_mean"], description="share of tokens clipped at the upper bound 1+ε_high (A > 0); the first present is used")
+    low_keys: list[str] = Field(["clip/low_frac", "clip_ratio/low_mean"], description="share clipped at the lower bound 1-ε_low (A < 0); the first present is used")
+    min_frac: float = Field(0.01, gt=0.0, le=1.0, description="the binding side's smoothed share must reach this: below it the clip barely acts and its split is noise")
+    ratio: float = Field(4.0, gt=1.0, description="lopsided: one side's smoothed share is this many times the other's")
+    entropy_key: str = Field("entropy/mean", description="entropy scalar: what an upper clip that binds does to exploration is read here")
+    entropy_drop: float = Field(0.25, gt=0.0, lt=1.0, description="the message calls the upper clip the likely cause of entropy loss once smoothed entropy is this fraction below its early level")
+
+
+class KLInertConfig(DetectorConfig):
+    """A KL term that is there (its key logged) and pinned at zero while the policy moves: the reference is the policy."""
+
+    keys: list[str] = Field(["kl", "actor/kl_loss", "objective/kl"], description="scalar(s) holding KL(policy ‖ reference); the first present is used")
+    coef_keys: list[str] = Field(["kl/beta", "actor/kl_coef", "kl_coef", "beta"], description="the KL coefficient β where the run logs it (the bundled trainer, verl): the term is there only when β > 0; without one, a logged KL key says it is (TRL logs `kl` only when beta ≠ 0)")
+    warmup_steps: int = Field(5, ge=0, description="steps observed before this detector may fire")
+    floor: float = Field(1e-6, gt=0.0, description="|KL| below this (nats) counts as zero: a reference ≠ policy gives more within a few steps of any update that moves entropy, log p or reward")
+    window: int = Field(20, ge=3, description="KL must stay under the floor for this many consecutive steps that log it")
+    move_keys: list[str] = Field(["entropy/mean", "entropy", "logp/mean", "reward/mean", "reward"], description="signals whose movement shows the policy is changing (any one suffices)")
+    min_move: dict[str, float] = Field(
+        {"entropy/mean": 0.05, "entropy": 0.05, "logp/mean": 0.05, "reward/mean": 0.1, "reward": 0.1},
+        description="per move key: how far its smoothed value must move from its early level (nats, or reward units) to count as the policy moving")
+
+    @model_validator(mode="after")
+    def _every_move_key_has_a_threshold(self) -> "KLInertConfig":
+        missing = [k for k in self.move_keys if k not in self.min_move]
+        if missing:
+            raise ValueError(f"min_move has no threshold for {', '.join(missing)}: add one per key of move_keys, "
+                             f"e.g. {{\"{missing[0]}\": 0.1}}")
+        return self
+
+
 class AlertConfig(BaseModel):
     """Every detector's settings; the defaults are meant to be quiet on healthy runs."""
 
@@ -256,3 +314,6 @@ class AlertConfig(BaseModel):
     divergence: DivergenceConfig = Field(default_factory=DivergenceConfig, description="training reward up while the held-out score is not")
     composition: CompositionConfig = Field(default_factory=CompositionConfig, description="one reward component dominates, another is constant")
     mismatch: MismatchConfig = Field(default_factory=MismatchConfig, description="training–inference mismatch: sampler vs trainer log p rising from baseline, sequence weights degenerate")
+    length_hacking: LengthHackingConfig = Field(default_factory=LengthHackingConfig, description="completions growing while the reward gained is paid for length")
+    clip_asymmetry: ClipAsymmetryConfig = Field(default_factory=ClipAsymmetryConfig, description="one side of the ratio clip binding far more than the other")
+    kl_inert: KLInertConfig = Field(default_factory=KLInertConfig, description="a KL term logged at zero while the policy moves: the reference is the policy")

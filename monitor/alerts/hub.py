@@ -29,6 +29,7 @@ from forksight.monitor.alerts.breadth import (ClipDetector, CompositionDetector,
                                               DivergenceDetector, GradientDetector, KLDriftDetector,
                                               TruncationDetector)
 from forksight.monitor.alerts.mismatch import MismatchDetector
+from forksight.monitor.alerts.objective import ClipAsymmetryDetector, KLInertDetector, LengthHackingDetector
 from forksight.base.limits import NONFINITE_PREFIX
 from forksight.monitor.alerts.config import (  # noqa: F401 - the configs' public home stays forksight.monitor.alerts.hub
     AlertConfig, CollapseConfig, CovarianceConfig, DetectorConfig, DiversityConfig, ExplosionConfig, ForkConfig,
@@ -93,6 +94,9 @@ class AlertMonitor:
     def __init__(self, config: AlertConfig | None = None, vocab_size: int | None = None) -> None:
         self.config = config or AlertConfig()
         c = self.config
+        # the cause runs before the detectors that stay quiet on its symptoms (one alert per cause)
+        length = LengthHackingDetector(c.length_hacking) if c.length_hacking.enabled else None
+        split = ClipAsymmetryDetector(c.clip_asymmetry) if c.clip_asymmetry.enabled else None
         built: list[tuple[Any, Detector]] = [
             (c.non_finite, NonFiniteDetector(c.non_finite)),
             (c.collapse, CollapseDetector(c.collapse)),
@@ -102,12 +106,15 @@ class AlertMonitor:
             (c.fork, ForkDetector(c.fork)),
             (c.stagnation, StagnationDetector(c.stagnation)),
             (c.degenerate, DegenerateDetector(c.degenerate)),
-            (c.truncation, TruncationDetector(c.truncation)),
-            (c.clip, ClipDetector(c.clip)),
+            (c.length_hacking, length),
+            (c.clip_asymmetry, split),
+            (c.kl_inert, KLInertDetector(c.kl_inert)),
+            (c.truncation, TruncationDetector(c.truncation, cause=length)),
+            (c.clip, ClipDetector(c.clip, cause=split)),
             (c.kl_drift, KLDriftDetector(c.kl_drift)),
             (c.gradient, GradientDetector(c.gradient)),
             (c.divergence, DivergenceDetector(c.divergence)),
-            (c.composition, CompositionDetector(c.composition)),
+            (c.composition, CompositionDetector(c.composition, cause=length)),
             (c.mismatch, MismatchDetector(c.mismatch)),
         ]
         active = [d for cfg, d in built if cfg.enabled]

@@ -15,8 +15,13 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "kl": ("kl", "actor/kl_loss", "objective/kl", "train/kl", "critic/kl"),
     "clip/frac": ("clip_ratio/region_mean", "train/clip_ratio/region_mean", "clip_ratio", "actor/pg_clipfrac",
                   "policy/clipfrac", "clipfrac"),
-    "clip/low_frac": ("clip_ratio/low_mean", "actor/pg_clipfrac_lower"),
-    "clip/high_frac": ("clip_ratio/high_mean", "actor/pg_clipfrac_higher"),
+    # the two sides of the ratio clip (clip_asymmetry): TRL's low = ratio < 1-ε_low with A < 0, high =
+    # ratio > 1+ε_high with A > 0. verl logs no split: its pg_clipfrac is both sides together and its
+    # pg_clipfrac_lower is dual-clip PPO's bound (A < 0 and ratio > clip_ratio_c = 3, core_algos.
+    # compute_policy_loss_vanilla), another bound than 1-ε_low: kept apart as clip/dual_frac
+    "clip/low_frac": ("clip_ratio/low_mean",),
+    "clip/high_frac": ("clip_ratio/high_mean",),
+    "clip/dual_frac": ("actor/pg_clipfrac_lower",),
     "grad_norm": ("grad_norm", "actor/grad_norm", "train/grad_norm", "policy/grad_norm"),
     "loss": ("loss", "actor/pg_loss", "policy_loss", "train/loss", "train/policy_loss"),
     "lr": ("learning_rate", "actor/lr", "train/learning_rate"),
