@@ -180,6 +180,7 @@ def update(ctx: Context, roll: Rollout, logits: torch.Tensor, hidden: torch.Tens
     out = {**info, "loss": loss.item(), "grad_norm": float(grad_norm), "lr": ctx.optimizer.param_groups[0]["lr"],
            "time/backward": backward_seconds, "tokens/trained": float(len(rows[0]))}
     out.setdefault("kl", 0.0)
+    out["kl/beta"] = float(cfg.beta)     # with kl = 0 it tells "no KL term" from "a KL term that does nothing"
     return out, corrected
 
 
