@@ -2,6 +2,7 @@
 
 The integration lives in `forksight.hooks.integrations.trl`; this module is its public name.
 """
-from forksight.hooks.integrations.trl import SUPPORT, ForksightCallback, attach, trl_mode
+from forksight.hooks.integrations.trl import SUPPORT, ForksightCallback, trl_mode
+from forksight.hooks.integrations.trl_probe import attach   # the plain attach, plus probe_every=N
 
 __all__ = ["attach", "ForksightCallback", "SUPPORT", "trl_mode"]

@@ -122,14 +122,14 @@ class TrainConfig(BaseModel):
     resume: bool = _f(False, "monitoring", "Continue from out_dir/<run>/checkpoint.pt.")
     progress: bool = _f(True, "monitoring", "Show a tqdm bar with live reward and entropy.")
     # -- value probes (docs/algorithms.md §11) -----------------------------------------------
-    probe_every: int = _f(0, "probe", "Monte-Carlo value probes every this many steps (0 = off): "
+    probe_every: int = _f(0, "monitoring", "Monte-Carlo value probes every this many steps (0 = off): "
                           "V before and after tokens of the step's completions, the task's reward.", ge=0)
-    probe_samples: int = _f(4, "probe", "Completions probed per probed step.", ge=1)
-    probe_k: int = _f(16, "probe", "Continuations per value (its SE shrinks as 1/sqrt(k)).", ge=1)
-    probe_positions: str = _f("forks", "probe", "forks (every fork + as many random non-forks, at most "
+    probe_samples: int = _f(4, "monitoring", "Completions probed per probed step.", ge=1)
+    probe_k: int = _f(16, "monitoring", "Continuations per value (its SE shrinks as 1/sqrt(k)).", ge=1)
+    probe_positions: str = _f("forks", "monitoring", "forks (every fork + as many random non-forks, at most "
                               "16 per completion), all, or N random positions per completion.",
                               pattern=r"^(forks|all|[1-9][0-9]*)$")
-    probe_budget: float = _f(0.1, "probe", "Probing never takes more than this share of training "
+    probe_budget: float = _f(0.1, "monitoring", "Probing never takes more than this share of training "
                              "time: a probe past it is skipped (probe/skipped) and the log says so.", gt=0)
 
     @field_validator("device")

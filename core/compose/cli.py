@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from forksight.compose import alerts_cli, compact_cli, doctor, lake_cli, serve_cli
+from forksight.compose import alerts_cli, compact_cli, doctor, lake_cli, probe_cli, serve_cli
 from forksight.trainer import cli as train_cli
 from forksight.compose import demo
 
@@ -18,6 +18,7 @@ SUBCOMMANDS = (
     lake_cli.add_parser,      # lake compact, lake expire
     train_cli.add_parser,     # train
     alerts_cli.add_parser,    # alerts replay
+    probe_cli.add_parser,     # probe
     doctor.add_parser,        # doctor, import
     demo.add_parser,          # demo
 )

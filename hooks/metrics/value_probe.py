@@ -179,7 +179,7 @@ class _Prefixes:
     def _ended(self, prefix: tuple[int, ...]) -> bool:
         return bool(prefix) and (prefix[-1] == self.eos_id or len(prefix) >= self.s.max_new_tokens)
 
-    def estimate(self, progress: Callable[[int], None] | None = None) -> None:
+    def estimate(self, progress=None) -> None:
         """Fill every wanted value: determined ones from one reward, the rest from K continuations."""
         open_keys = []
         for key in self.wanted:
@@ -192,13 +192,15 @@ class _Prefixes:
         for key in open_keys:
             by_len.setdefault(len(key[1]), []).append(key)
         per_call = max(1, self.s.batch_rows // self.s.k)
+        if progress is not None:
+            progress.total = len(open_keys)
         for length in sorted(by_len):
             keys = by_len[length]
             for start in range(0, len(keys), per_call):
                 chunk = keys[start:start + per_call]
                 self._sample(chunk, length)
                 if progress is not None:
-                    progress(len(chunk))
+                    progress.update(len(chunk))
 
     @torch.no_grad()
     def _sample(self, keys: list, length: int) -> None:
@@ -233,10 +235,11 @@ class _Prefixes:
 
 def probe(model, inputs: Sequence[ProbeInput], reward: Reward, settings: ProbeSettings | None = None, *,
           eos_id: int, pad_id: int | None = None, decode: Callable[[int], str] | None = None,
-          progress: Callable[[int], None] | None = None) -> list[dict]:
+          progress=None) -> list[dict]:
     """Probe rows (the `probes` table's fields) of every probed position of every input. Seeded:
     the same inputs, model and settings give the same rows; the caller's RNG state is left as it was.
-    reward(i, completion_ids) scores input i's completion; a failure raises RewardError."""
+    reward(i, completion_ids) scores input i's completion; a failure raises RewardError. progress: a
+    tqdm-like bar (its total set to the values to sample, updated as they are)."""
     s = (settings or ProbeSettings()).check()
     check_vocab(model, inputs)
     pad_id = eos_id if pad_id is None else pad_id

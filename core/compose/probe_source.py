@@ -1,0 +1,133 @@
+"""Where `forksight probe` reads a stored step and writes its probes: a DuckDB file (`--db`, opened
+as the one writer) or a collector (`--url`: the read routes, then one idempotent ingest batch)."""
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+
+class ProbeInputError(ValueError):
+    """Input `forksight probe` cannot work with; the message names it and what to do."""
+
+
+def _hint(steps: list[int]) -> str:
+    if not steps:
+        return "none"
+    return ", ".join(map(str, steps)) if len(steps) <= 12 else \
+        f"{len(steps)} steps from {steps[0]} to {steps[-1]} (e.g. {', '.join(map(str, steps[:6]))}, ...)"
+
+
+def _records(df) -> list[dict]:
+    import pyarrow as pa
+
+    return pa.Table.from_pandas(df, preserve_index=False).to_pylist()      # NaN -> None
+
+
+class DbSource:
+    """A DuckDB file, opened read-write (no collector may hold it)."""
+
+    def __init__(self, path: str):
+        from forksight.monitor.collector.store import Store
+
+        if not os.path.exists(path):
+            raise ProbeInputError(f"--db: no DuckDB file at {path}")
+        self.store = Store(path, verify=False)
+        self.reader = self.store.reader
+
+    def __enter__(self) -> "DbSource":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.store.close()
+
+    def run_config(self, run: str) -> dict:
+
+        row = self.reader.run(run)
+        if row is None:
+            runs = self.reader.list_runs()["run_id"].tolist()
+            raise ProbeInputError(f"no run {run!r} in {self.store.path}; runs there: {', '.join(runs) or 'none'}")
+        return row.get("config") if isinstance(row.get("config"), dict) else {}
+
+    def samples(self, run: str, step: int) -> list[dict]:
+        return _records(self.reader.read_samples(run, step, limit=100_000))
+
+    def tokens(self, run: str, step: int) -> list[dict]:
+        return _records(self.reader.read_tokens(run, step, limit=2_000_000))
+
+    def token_steps_hint(self, run: str) -> str:
+        return _hint(self.reader.token_steps(run))
+
+    def write(self, run: str, step: int, rows: list[dict], scalars: dict[str, float]) -> None:
+        from forksight.base.records import Records, probes_table, scalars_table
+        from forksight.monitor.sinks.base import finite_scalars, probe_rows
+
+        warned: set = set()
+        self.store.write(run, Records(probes=probes_table(probe_rows(step, rows, warned)),
+                                      scalars=scalars_table(finite_scalars(step, scalars, None, warned)))).result()
+
+
+class UrlSource:
+    """A collector: GET the run, its samples and token pages; POST one batch of probes and scalars."""
+
+    def __init__(self, url: str, token: str | None = None):
+        import httpx
+
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=120)
+        self.url = url
+
+    def __enter__(self) -> "UrlSource":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.http.close()
+
+    def _get(self, path: str, **params) -> Any:
+        import httpx
+
+
+        try:
+            resp = self.http.get(path, params=params)
+        except httpx.HTTPError as exc:
+            raise RuntimeError(f"no collector answers at {self.url} ({exc}); start `forksight serve` or "
+                               "check --url") from None
+        if resp.status_code == 404:
+            raise ProbeInputError(resp.json().get("detail", f"{path}: not found"))
+        if resp.status_code >= 400:
+            raise RuntimeError(f"{self.url}{path} answered {resp.status_code}: {resp.text[:300]}")
+        return resp
+
+    def run_config(self, run: str) -> dict:
+        config = self._get(f"/api/runs/{run}").json().get("config")
+        return config if isinstance(config, dict) else {}
+
+    def samples(self, run: str, step: int) -> list[dict]:
+        return self._get(f"/api/runs/{run}/samples", step=step, limit=100_000).json()
+
+    def tokens(self, run: str, step: int) -> list[dict]:
+        rows, cursor = [], None
+        while True:
+            resp = self._get(f"/api/runs/{run}/tokens", step=step, limit=100_000,
+                             **({"cursor": cursor} if cursor else {}))
+            rows += resp.json()
+            cursor = resp.headers.get("X-Next-Cursor")
+            if cursor is None:
+                return rows
+
+    def token_steps_hint(self, run: str) -> str:
+        return _hint(self._get(f"/api/runs/{run}/token_steps").json())
+
+    def write(self, run: str, step: int, rows: list[dict], scalars: dict[str, float]) -> None:
+        from forksight.monitor.sinks.base import finite_scalars, probe_rows
+
+        warned: set = set()
+        body = {"batch_id": uuid.uuid4().hex, "probes": probe_rows(step, rows, warned),
+                "scalars": finite_scalars(step, scalars, None, warned)}
+        resp = self.http.post(f"/api/runs/{run}/ingest", json=body)
+        if resp.status_code >= 300:
+            raise RuntimeError(f"the collector refused the probes ({resp.status_code}): {resp.text[:500]}")
+
+
+def open_source(args) -> DbSource | UrlSource:
+    return DbSource(args.db) if args.db else UrlSource(args.url, args.token)
