@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from forksight.monitor.alerts.config import (ClipConfig, CompositionConfig, DegenerateConfig, DivergenceConfig,
-                                             GradientConfig, KLDriftConfig, TruncationConfig)
+from forksight.monitor.alerts.config import (CompositionConfig, DegenerateConfig, DivergenceConfig, GradientConfig,
+                                             KLDriftConfig)
 from forksight.monitor.alerts.detector_base import Alert, Baseline, DebiasedEMA, Detector, Gate, RollingOLS, Tiers
 
 __all__ = ["DegenerateDetector", "TruncationDetector", "ClipDetector", "KLDriftDetector", "GradientDetector",
@@ -35,8 +35,9 @@ class _Level(Detector):
 
     what = "share"
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, cause: Detector | None = None) -> None:
         super().__init__(config)
+        self.cause = cause    # the detector of this level's cause, if it has one: quiet while it holds
         self.ema, self.base = DebiasedEMA(config.smoothing), Baseline(config.baseline_steps)
         self.tiers = Tiers(config.cooldown, config.persist)
 
@@ -71,17 +72,13 @@ class TruncationDetector(_Level):
               "mask truncated completions out of the loss (DAPO overlong filtering) or use a soft overlong "
               "penalty, or raise max_new_tokens / max_completion_length (generation cost grows with it).")
 
-    def __init__(self, config: TruncationConfig, cause: Detector | None = None) -> None:
-        super().__init__(config)
-        self.cause = cause    # length_hacking: completions pushed to the cap by a reward that pays length
-
     def quiet(self, value: float) -> bool:
         # every completion cut off from the first steps on: fixed-length generation by design, or a
         # model that never learned to stop; no completion ends, so the cap cannot tell a good
         # prefix from a bad one (a share that climbs there from lower still warns). While length
         # hacking holds, the cap is its symptom, and raising it (this alert's fix) would feed it.
         c = self.config
-        if self.cause is not None and self.cause.active:
+        if self.cause is not None and self.cause.active:      # length_hacking
             return True
         return self.base.ready and self.base.value >= c.always_frac and value >= c.always_frac
 
@@ -97,16 +94,15 @@ class ClipDetector(_Level):
               "rollout batch (PPO epochs), check that rollouts are not stale (async generation); if the upper "
               "bound does most of the clipping, raise clip-high (DAPO ε_high ≈ 0.28; clip_asymmetry says so).")
 
-    def __init__(self, config: ClipConfig, cause: Detector | None = None) -> None:
-        super().__init__(config)
-        self.cause = cause    # clip_asymmetry: one side binding is a cause with its own, different fix
-
-    def quiet(self, value: float) -> bool:
-        return self.cause is not None and self.cause.active
+    def quiet(self, value: float) -> bool:      # clip_asymmetry: one side binding has its own, other fix
+        return self.cause is not None and self.cause.lopsided() is not None
 
     def message(self, key: str, value: float, thr: float) -> str:
+        hi, lo = (self.cause.high.value, self.cause.low.value) if self.cause is not None else (None, None)
+        split = (f" Upper bound {100 * hi:.1f}%, lower {100 * lo:.1f}% (clip_asymmetry speaks instead once one "
+                 "side binds far more)." if hi is not None and lo is not None else "")
         return (f"Clip saturation: {100 * value:.1f}% of token updates are clipped (`{key}`, smoothed; threshold "
-                f"{100 * thr:.0f}%): the effective step is set by the clip, not the learning rate.")
+                f"{100 * thr:.0f}%): the effective step is set by the clip, not the learning rate.{split}")
 
 
 class DegenerateDetector(Detector):

@@ -263,7 +263,7 @@ class LengthHackingConfig(DetectorConfig):
 class ClipAsymmetryConfig(DetectorConfig):
     """One side of the ratio clip (upper or lower) binding far more often than the other, persistently."""
 
-    persist: int = Field(10, ge=1, description="the lopsided clip must hold this many consecutive steps")
+    persist: int = Field(5, ge=1, description="the lopsided clip must hold this many consecutive steps")
     cooldown: int = Field(200, ge=0, description="minimum steps between two clip-asymmetry alerts")
     high_keys: list[str] = Field(["clip/high_frac", "clip_ratio/high_mean"], description="share of tokens clipped at the upper bound 1+ε_high (A > 0); the first present is used")
     low_keys: list[str] = Field(["clip/low_frac", "clip_ratio/low_mean"], description="share clipped at the lower bound 1-ε_low (A < 0); the first present is used")

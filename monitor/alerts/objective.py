@@ -141,7 +141,8 @@ class LengthHackingDetector(Detector):
                   "penalty past a budget, DAPO's soft overlong punishment), check that the grader cannot credit an "
                   "answer anywhere in a long text, read 20 of the longest completions, and keep the checkpoint from "
                   "before the growth; raising the length cap would only feed it.")
-        return [self._alert(step, severity, msg, action, grown, c.critical_growth if severity == "critical" else c.growth,
+        factor = c.critical_growth if severity == "critical" else c.growth
+        return [self._alert(step, severity, msg, action, self.length.ema.value, factor * self.length.base.value,
                             signal=length_key or c.length_keys[0],
                             evidence={"explained_by": how, "length": self.length.ema.value,
                                       "length_baseline": self.length.base.value, "growth": grown,
