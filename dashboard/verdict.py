@@ -1,5 +1,6 @@
 """A run's health in one word, from its alerts and its latest signals: healthy, collapsing
-(forecast step N), collapsed, exploding, stagnating (or waiting, before the first step).
+(forecast step N), collapsed, exploding, length hacking, stagnating, misconfigured (a KL term that
+does nothing, a clip that binds on one side) or waiting, before the first step.
 One pure function, `verdict`, shown by the runs table, the run page and the compare legend."""
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from forksight.monitor.alerts.config import StagnationConfig
+from forksight.monitor.alerts.config import LengthHackingConfig, StagnationConfig
 
 COLLAPSE, EXPLOSION, STAGNATION, NON_FINITE = ("entropy_collapse", "entropy_explosion",
                                                "stagnation", "non_finite")
@@ -16,11 +17,18 @@ RECENT_STEPS = 50     # an alert this many steps old still describes the run
 # while the reward stays flat: its warning describes the run for that long (a run whose reward
 # fell away after its one stagnation warning is not healthy 50 steps later)
 STAGNATION_HOLD_STEPS = max(RECENT_STEPS, StagnationConfig().cooldown)
+# length hacking likewise warns once per cooldown while the length keeps being paid
+LENGTH_HACKING = "length_hacking"
+HACKING_HOLD_STEPS = max(RECENT_STEPS, LengthHackingConfig().cooldown)
+# a setting that makes a loss term do nothing or bind on one side stays until the run is restarted
+# with another: those alerts fire once and describe the run from then on
+MISCONFIGURED = {"kl_inert": "the KL term is inert: the reference is the policy",
+                 "clip_asymmetry": "one side of the ratio clip binds far more than the other"}
 ENTROPY_KEY = "entropy/mean"
 # worst first: the chip shows the worst state that holds
-STATES = ("collapsed", "exploding", "collapsing", "stagnating", "healthy", "waiting")
-CHIP_COLORS = {"collapsed": "#c92a2a", "exploding": "#862e9c", "collapsing": "#e67700",
-               "stagnating": "#5c7cfa", "healthy": "#2b8a3e", "waiting": "#868e96"}
+STATES = ("collapsed", "exploding", "hacking", "collapsing", "stagnating", "misconfigured", "healthy", "waiting")
+CHIP_COLORS = {"collapsed": "#c92a2a", "exploding": "#862e9c", "hacking": "#d6336c", "collapsing": "#e67700",
+               "stagnating": "#5c7cfa", "misconfigured": "#0b7285", "healthy": "#2b8a3e", "waiting": "#868e96"}
 
 
 @dataclass(frozen=True)
@@ -38,7 +46,9 @@ class Verdict:
         """The chip's text: "collapsed at step 37", "collapsing (forecast step 52)", "healthy"."""
         if self.state == "collapsing" and self.forecast is not None:
             return f"collapsing (forecast step {self.forecast})"
-        if self.state in ("collapsed", "exploding", "stagnating") and self.step is not None:
+        if self.state == "hacking" and self.step is not None:
+            return f"length hacking at step {self.step}"
+        if self.state in ("collapsed", "exploding", "stagnating", "misconfigured") and self.step is not None:
             return f"{self.state} at step {self.step}"
         return self.state
 
@@ -70,7 +80,9 @@ def verdict(alerts: Iterable[Mapping], latest: Mapping[str, float], last_step: i
     - exploding: an entropy_explosion or non_finite alert within RECENT_STEPS of the last step;
     - collapsing: a collapse warning within RECENT_STEPS, or older while entropy is still at or
       below the level that raised it; its forecast step when it made one;
+    - hacking: a length_hacking alert within HACKING_HOLD_STEPS (the detector's cooldown);
     - stagnating: a stagnation alert within STAGNATION_HOLD_STEPS (the detector's cooldown);
+    - misconfigured: a kl_inert or clip_asymmetry alert at any earlier step;
     - healthy otherwise (waiting before the first step)."""
     if last_step is None:
         return Verdict("waiting", why="no step logged yet")
@@ -91,6 +103,9 @@ def verdict(alerts: Iterable[Mapping], latest: Mapping[str, float], last_step: i
         a = blown[-1]
         what = "non-finite statistics" if a.get("detector") == NON_FINITE else "entropy running away"
         return Verdict("exploding", _step(a), why=f"{what} at step {_step(a)}")
+    hacked = [a for a in rows if a.get("detector") == LENGTH_HACKING and _step(a) >= last_step - HACKING_HOLD_STEPS]
+    if hacked:
+        return Verdict("hacking", _step(hacked[0]), why=f"the reward pays for length (step {_step(hacked[0])})")
     warnings = [a for a in collapse if a.get("severity") != "critical"]
     if warnings:
         a = warnings[-1]
@@ -107,7 +122,11 @@ def verdict(alerts: Iterable[Mapping], latest: Mapping[str, float], last_step: i
     if stalled:
         return Verdict("stagnating", _step(stalled[-1]),
                        why=f"reward stopped improving (step {_step(stalled[-1])})")
-    return Verdict("healthy", why="no collapse, explosion or stagnation alert holds")
+    settings = [a for a in rows if a.get("detector") in MISCONFIGURED]
+    if settings:
+        a = settings[0]
+        return Verdict("misconfigured", _step(a), why=f"{MISCONFIGURED[a['detector']]} (step {_step(a)})")
+    return Verdict("healthy", why="no collapse, explosion, length hacking, stagnation or misconfiguration alert holds")
 
 
 def verdicts_of_runs(alerts, latest: Mapping[str, Mapping[str, float]],

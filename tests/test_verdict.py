@@ -88,3 +88,24 @@ def test_a_stagnation_warning_holds_for_the_detectors_cooldown():
     v = verdict([stall, boom], {"entropy/mean": 0.1}, 300)
     assert (v.state, v.step) == ("stagnating", 122)
     assert verdict([stall], {"entropy/mean": 0.1}, 122 + 200 + 1).state == "healthy"
+
+
+def test_length_hacking_reads_hacking_above_collapsing_and_below_collapsed():
+    from forksight.dashboard.verdict import HACKING_HOLD_STEPS
+
+    hack = alert("length_hacking", "warning", 40, 7.7, 5.4)
+    warn = alert("entropy_collapse", "warning", 45, 0.3, 0.05, forecast=66)
+    v = verdict([hack, warn], {"entropy/mean": 0.3}, 50)
+    assert (v.state, v.step, v.label) == ("hacking", 40, "length hacking at step 40")
+    assert verdict([hack, alert("entropy_collapse", "critical", 60, 0.01, 0.05)],
+                   {"entropy/mean": 0.01}, 61).state == "collapsed"
+    assert verdict([hack], {}, 40 + HACKING_HOLD_STEPS + 1).state == "healthy"
+
+
+def test_an_inert_kl_term_or_a_one_sided_clip_reads_misconfigured_for_the_rest_of_the_run():
+    for det in ("kl_inert", "clip_asymmetry"):
+        v = verdict([alert(det, "warning", 20, 0.0, 1e-6)], {"entropy/mean": 1.0}, 2000)
+        assert (v.state, v.label) == ("misconfigured", "misconfigured at step 20") and str(20) in v.why
+    # a run that is also stagnating reads stagnating: the worse state wins
+    rows = [alert("kl_inert", "warning", 20, 0.0, 1e-6), alert("stagnation", "warning", 150, 0.0, 0.02)]
+    assert verdict(rows, {"entropy/mean": 1.0}, 160).state == "stagnating"
