@@ -15,7 +15,7 @@ VERL_STAMP := $(VERL_ENV)/.forksight-installed
 SPARK_ENV   ?= $(VENV)/spark
 SPARK_STAMP := $(SPARK_ENV)/.forksight-installed
 
-.PHONY: setup verl-env demo test bench clean lint lake-spark
+.PHONY: setup verl-env demo test bench clean lint lake-spark docs docs-ref
 
 setup: $(STAMP)
 
@@ -57,5 +57,13 @@ test: setup verl-env
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
+# the documentation site (mkdocs.yml) into site/, strict: a broken link or anchor fails
+docs: setup
+	$(BIN)/python -m mkdocs build --strict --site-dir site
+
+# regenerate the reference pages (CLI, alert configuration, HTTP API, tables, performance) from the code
+docs-ref: setup
+	$(BIN)/python docs/gen_reference.py
+
 clean:
-	rm -rf $(VENV) .forksight build *.egg-info
+	rm -rf $(VENV) .forksight build *.egg-info site

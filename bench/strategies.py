@@ -2,7 +2,7 @@
 strategy × a small lr grid × seeds on two tasks, each cell one `forksight train` subprocess into
 its own DuckDB file; each strategy reported at its own best lr, chosen by one rule for all
 (strategies_stats.RULE), with means and 95% bootstrap intervals over seeds. Writes JSON
-(`cells`, `summary`, `meta`); `bench/strategies_table.py` turns it into the README's table.
+(`cells`, `summary`, `meta`); `bench/strategies_table.py` turns it into the docs' tables.
 
     python bench/strategies.py [--quick] [--jobs N] [--out docs/strategies.json]
 

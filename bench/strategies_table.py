@@ -1,10 +1,10 @@
-"""The README's strategy table, generated from bench/strategies.py's JSON (never typed by hand).
+"""The docs' strategy tables (docs/explanation/strategies.md), generated from bench/strategies.py's JSON (never typed by hand).
 
     python bench/strategies_table.py docs/strategies.json              # print Markdown
-    python bench/strategies_table.py docs/strategies.json --readme README.md   # rewrite the block
+    python bench/strategies_table.py docs/strategies.json --page docs/explanation/strategies.md   # rewrite the block
     python bench/strategies_table.py docs/strategies.json --fair trainer/fair_settings.json
 
---readme replaces what lies between the `<!-- strategies:begin -->` and `<!-- strategies:end -->`
+--page replaces what lies between the `<!-- strategies:begin -->` and `<!-- strategies:end -->`
 markers, and nothing else. --fair writes each strategy's chosen lr per preset, what `forksight
 demo` trains each strategy at (forksight.trainer.fair).
 """
@@ -91,19 +91,20 @@ def fair(report: dict, source: str = "docs/strategies.json") -> dict:
                         for task, strategies in report["summary"].items()}}
 
 
-def rewrite(readme: Path, text: str) -> None:
+def rewrite(page: Path, text: str) -> None:
     """Replace the marked block's content with `text`; the markers must be there, once."""
-    content = readme.read_text()
+    content = page.read_text()
     if content.count(BEGIN) != 1 or content.count(END) != 1 or content.index(BEGIN) > content.index(END):
-        raise SystemExit(f"{readme}: needs one {BEGIN} line and, after it, one {END} line around the table")
+        raise SystemExit(f"{page}: needs one {BEGIN} line and, after it, one {END} line around the table")
     pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
-    readme.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}{END}", content))
+    page.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}{END}", content))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("json", help="bench/strategies.py's output (docs/strategies.json)")
-    parser.add_argument("--readme", help="rewrite the marked block of this file instead of printing")
+    parser.add_argument("--page", "--readme", dest="page",
+                        help="rewrite the marked block of this file (docs/explanation/strategies.md) instead of printing")
     parser.add_argument("--fair", help="also write each strategy's chosen lr per preset to this JSON file "
                                        "(trainer/fair_settings.json: what `forksight demo` trains at)")
     args = parser.parse_args(argv)
@@ -115,9 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.fair:
         Path(args.fair).write_text(json.dumps(fair(report, args.json), indent=1) + "\n")
         print(f"wrote {args.fair}", file=sys.stderr)
-    if args.readme:
-        rewrite(Path(args.readme), text)
-        print(f"rewrote the strategies block of {args.readme}", file=sys.stderr)
+    if args.page:
+        rewrite(Path(args.page), text)
+        print(f"rewrote the strategies block of {args.page}", file=sys.stderr)
     else:
         sys.stdout.write(text)
 

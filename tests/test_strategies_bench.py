@@ -1,5 +1,5 @@
 """bench/strategies.py (issue 36's fair comparison): the bootstrap interval, the one lr rule,
-the collapse step against the real detector, the README table from a JSON fixture, held-out
+the collapse step against the real detector, the docs' strategy table from a JSON fixture, held-out
 problems of a pool run, and a real --quick sweep whose cell commands rerun to the same figures."""
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def test_held_out_problems_of_a_pool_run_are_not_its_training_problems():
     assert [p.prompt for p in held_out(task, 5, 0)] == [task.sample(rng).prompt for _ in range(5)]
 
 
-# ------------------------------------------------------------------------------ the README table
+# ------------------------------------------------------------------------------ the docs' table
 FIXTURE = {
     "meta": {"rule": "RULE", "interval": "INTERVAL", "date": "2026-12-04T16:00:00+00:00", "quick": False,
              "tasks": {"arith": {"preset": "healthy"}}, "commit": "abc",
@@ -206,8 +206,8 @@ def test_every_lr_table_holds_the_mean_over_seeds_of_each_cell():
     assert st.by_lr({"meta": report["meta"]}, "arith") == []
 
 
-def test_readme_block_is_rewritten_between_the_markers_only(tmp_path):
-    readme = tmp_path / "README.md"
+def test_the_block_is_rewritten_between_the_markers_only(tmp_path):
+    readme = tmp_path / "strategies.md"
     readme.write_text(f"before\n{st.BEGIN}\nold table\n{st.END}\nafter\n")
     st.rewrite(readme, "NEW\n")
     assert readme.read_text() == f"before\n{st.BEGIN}\nNEW\n{st.END}\nafter\n"
@@ -224,20 +224,20 @@ def test_fair_settings_are_each_strategys_chosen_lr_under_its_tasks_preset():
 
 
 def test_the_committed_table_and_demo_settings_are_generated_from_the_committed_json():
-    # nothing typed by hand: README's block and trainer/fair_settings.json are what the JSON gives
+    # nothing typed by hand: the docs page's block and trainer/fair_settings.json are what the JSON gives
     report_path = ROOT / "docs" / "strategies.json"
     if not report_path.exists():
         pytest.skip("docs/strategies.json is not in this checkout: the sweep has not been run")
     report = json.loads(report_path.read_text())
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "explanation" / "strategies.md").read_text()
     block = readme[readme.index(st.BEGIN) + len(st.BEGIN) + 1:readme.index(st.END)]
     assert block == st.table(report, "docs/strategies.json")
     fair = json.loads((ROOT / "trainer" / "fair_settings.json").read_text())
     assert fair == st.fair(report, "docs/strategies.json")
 
 
-def test_the_repository_readme_has_the_markers():
-    text = (ROOT / "README.md").read_text()
+def test_the_strategies_page_has_the_markers():
+    text = (ROOT / "docs" / "explanation" / "strategies.md").read_text()
     assert text.count(st.BEGIN) == 1 and text.count(st.END) == 1
 
 
