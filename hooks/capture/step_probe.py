@@ -1,4 +1,4 @@
-"""Value probes during training (the bundled trainer and TRL): every `every` steps, P of the step's
+"""Value probes during training (the bundled trainer and TRL): at step 1 and every `every` steps, P of the step's
 completions are probed with the policy of that step and the run's own reward; the rows go to the
 sink's `probes` table and the `probe/*` scalars beside the step's others. Probing never takes more
 than `budget` of the training time: a probe that would pass it is skipped (probe/skipped = 1) and
@@ -35,7 +35,8 @@ class StepProber:
         self._warned: set[str] = set()
 
     def due(self, step: int) -> bool:
-        return step % self.every == 0
+        """The first step (where the run starts from) and every `every`-th."""
+        return step == 1 or step % self.every == 0
 
     def pick(self, n: int, step: int) -> list[int]:
         """Which of the step's n completions to probe (seeded by the probe's seed and the step)."""
