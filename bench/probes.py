@@ -1,4 +1,4 @@
-"""Value probes on the readable preset (docs/algorithms.md §11): do the fork tokens (H >= 0.672), ICT's
+"""Value probes on the readable preset (docs/algorithms.md §12): do the fork tokens (H >= 0.672), ICT's
 JS tokens or the run's own selection coincide with the tokens whose choice changes the expected
 reward? For strategies all/fork/ict at the sweep's chosen lr and at the preset's, each run probes
 P completions at step 1 and every N steps (every position, K continuations), and the JSON reports

@@ -121,7 +121,7 @@ class TrainConfig(BaseModel):
                          ge=0)
     resume: bool = _f(False, "monitoring", "Continue from out_dir/<run>/checkpoint.pt.")
     progress: bool = _f(True, "monitoring", "Show a tqdm bar with live reward and entropy.")
-    # -- value probes (docs/algorithms.md §11) -----------------------------------------------
+    # -- value probes (docs/algorithms.md §12) -----------------------------------------------
     probe_every: int = _f(0, "monitoring", "Monte-Carlo value probes every this many steps (0 = off): "
                           "V before and after tokens of the step's completions, the task's reward.", ge=0)
     probe_samples: int = _f(4, "monitoring", "Completions probed per probed step.", ge=1)

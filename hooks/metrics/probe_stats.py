@@ -1,4 +1,4 @@
-"""A probed step's `probe/*` scalars (docs/algorithms.md §11): are the forks the pivotal tokens?
+"""A probed step's `probe/*` scalars (docs/algorithms.md §12): are the forks the pivotal tokens?
 fork precision (share of probed forks that are pivotal), the share of pivotal tokens that are
 forks, mean |Δ| on fork and non-fork tokens, Spearman ρ(H, |Δ|), pivotal tokens per completion, and
 each selection rule's recall of the pivotal tokens, the rules computed on the same completions:

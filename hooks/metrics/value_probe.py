@@ -1,4 +1,4 @@
-"""Monte-Carlo value probes (docs/algorithms.md §11; VinePPO's estimator, Phi-4's pivotal tokens):
+"""Monte-Carlo value probes (docs/algorithms.md §12; VinePPO's estimator, Phi-4's pivotal tokens):
 for a stored completion y of prompt x, V(x, y<t) and V(x, y≤t) of probed positions t, each the mean
 reward of K continuations sampled from the policy (untruncated softmax at the run's temperature),
 up to the run's completion length. A prefix that already ended (EOS, or the length cap) has its
