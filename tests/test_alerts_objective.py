@@ -226,3 +226,39 @@ def test_kl_inert_config_says_what_is_missing():
 
     with pytest.raises(ValueError, match="min_move has no threshold for logp/sum"):
         load_alert_config(overrides=['kl_inert.move_keys=["logp/sum"]'])
+
+
+def test_dashboard_draws_each_new_class_where_its_signal_is(tmp_path):
+    """length_hacking on the length chart (marker at the smoothed length, threshold at growth × early
+    length), kl_inert on the kl chart, clip_asymmetry (a signal no chart shows) on the entropy curve;
+    the alerts view shows each one's fix line."""
+    import pandas as pd
+
+    from forksight.dashboard import alert_figures as A
+    from forksight.dashboard.alerts_view import alert_rows
+    from forksight.dashboard.figures import DIAGNOSTIC_KEYS
+
+    result = diagnose(str(issue_log(tmp_path / "run")))
+    [hack, *_] = [a for a in result.alerts if a["detector"] == "length_hacking"]
+    ev, factor = hack["evidence"], 3.0 if hack["severity"] == "critical" else 1.5
+    assert hack["signal"] == "length/mean" and hack["value"] == pytest.approx(ev["length"], rel=1e-5)
+    assert hack["threshold"] == pytest.approx(factor * ev["length_baseline"], rel=1e-5)
+    alerts = pd.DataFrame([hack, {"detector": "kl_inert", "severity": "warning", "step": 30, "signal": "kl",
+                                  "value": 0.0, "threshold": 1e-6, "message": "KL term inert. Fix: load it apart.",
+                                  "action": "a", "run_id": "r", "forecast": None},
+                           {"detector": "clip_asymmetry", "severity": "warning", "step": 40, "signal": "clip/high_frac",
+                            "value": 0.3, "threshold": 0.05, "message": "Clip asymmetry. Fix: raise ε_high.",
+                            "action": "a", "run_id": "r", "forecast": None}]).assign(run_id="r")
+    routed = A.route_alerts(alerts, {"signals": DIAGNOSTIC_KEYS})
+    assert sorted(routed["signals"]["detector"]) == ["kl_inert", "length_hacking"]
+    assert list(routed["rest"]["detector"]) == ["clip_asymmetry"]
+    rows = pd.DataFrame({"step": result.steps, "value": [r["length/mean"] for r in result.rows],
+                         "wall_time": float("nan")})
+    layers = A.alert_layers(routed["signals"][routed["signals"]["signal"] == "length/mean"],
+                            {"length/mean": (rows, "x", "y")}, "step")
+    marker = [d for d in layers["data"] if d.get("mode") == "markers"][0]
+    assert marker["x"] == [hack["step"]] and marker["y"] == [pytest.approx(hack["value"])]
+    assert any(s.get("y0") == pytest.approx(hack["threshold"]) for s in layers["shapes"])
+    fixes = {r["detector"]: r["fix"] for r in alert_rows(alerts)}
+    assert fixes["kl_inert"] == "load it apart." and fixes["clip_asymmetry"] == "raise ε_high."
+    assert fixes["length_hacking"].startswith("stop paying for length")
