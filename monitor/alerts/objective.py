@@ -1,7 +1,7 @@
 """Detectors for an objective that does not do what the user believes: a reward that pays for length
 (length_hacking), a ratio clip that binds on one side (clip_asymmetry), a KL term pinned at zero
 (kl_inert). O(1) state per step like the others; each alert names its fix and a source
-(docs/algorithms.md §12)."""
+(docs/algorithms.md §13)."""
 from __future__ import annotations
 
 from forksight.monitor.alerts.config import ClipAsymmetryConfig, KLInertConfig, LengthHackingConfig
