@@ -1,4 +1,4 @@
-"""Regenerate the README's two screenshots of the strategy sweep (docs/screenshots/) from its JSON.
+"""Regenerate the two screenshots of the strategy sweep (docs/screenshots/, on docs/explanation/strategies.md) from its JSON.
 
     .venv/bin/python docs/sweep_screenshots.py [--json docs/strategies.json] [--work runs/strategies] \\
         [--task readable] [--out docs/screenshots]
