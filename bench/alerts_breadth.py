@@ -17,7 +17,8 @@ from alerts_real import COLLAPSE_FAMILY, _columns, _rows, _train_one, ends_solve
 import alerts_real  # noqa: E402
 
 CACHE = Path(__file__).resolve().parents[1] / "tests" / "data" / "alerts_breadth_runs.json"
-alerts_real.KEYS = tuple(dict.fromkeys((*alerts_real.KEYS, "length/clip_frac", "clip/frac", "grad_norm", "kl")))
+alerts_real.KEYS = tuple(dict.fromkeys((*alerts_real.KEYS, "length/clip_frac", "clip/frac", "grad_norm", "kl",
+                                         "clip/high_frac", "clip/low_frac", "kl/beta")))
 
 # (name, kind, preset, overrides): each run made to show one failure class
 SCENARIOS = [
@@ -118,7 +119,8 @@ def matrix(runs: dict, expected: dict) -> dict:
 RLDOCTOR_NAME = {"degenerate_groups": "advantage_collapse", "truncation": "length_pathology",
                  "clip_saturation": "clip_saturation", "kl_drift": "kl_drift", "gradient": "gradient_pathology",
                  "reward_eval_divergence": "reward_hacking", "reward_composition": "reward_composition",
-                 "stagnation": "plateau", "entropy_collapse": "entropy_collapse"}
+                 "stagnation": "plateau", "entropy_collapse": "entropy_collapse",
+                 "length_hacking": "length_pathology", "clip_asymmetry": "clip_saturation"}
 
 
 def rldoctor_matrix(runs: dict, expected: dict) -> dict:
