@@ -62,7 +62,7 @@ def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 
 def _usage(parser: argparse.ArgumentParser) -> str:
-    formatter = parser.formatter_class(prog=parser.prog, width=100)   # fixed width: the page never
+    formatter = parser.formatter_class(prog=parser.prog, width=78)   # fixed width: the page never
     formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)  # depends on $COLUMNS
     return formatter.format_help().strip()
 
@@ -158,10 +158,11 @@ def alerts_page() -> str:
            "`--alert SECTION.FIELD=VALUE` (repeatable), and try them on a stored run with "
            "`forksight alerts replay --set SECTION.FIELD=VALUE`. An unknown section or key is an error "
            "that names it.\n\n", "```yaml\n"]
-    first = next(iter(fields))
+    first, last = next(iter(fields)), list(fields)[-1]
     model = fields[first].annotation
-    key = next(k for k in model.model_fields if k not in ("enabled",) and k not in _common())
-    out.append(f"{first}:\n  {key}: {json.dumps(model.model_fields[key].default)}\n  enabled: true\n```\n\n")
+    key = next(k for k, f in model.model_fields.items() if k not in _common() and isinstance(f.default, float))
+    out.append(f"{first}:\n  {key}: {json.dumps(model.model_fields[key].default)}   # the default\n"
+               f"{last}:\n  enabled: false\n```\n\n")
     out.append(table(["section", "detector (alerts' `detector`)", "what it watches"],
                      [[f"[{code(s)}](#{slug(s)})", code(names.get(s, "")), md(f.description or "")]
                       for s, f in fields.items()]))
@@ -223,6 +224,11 @@ def _schema_name(schema: dict) -> str:
     return schema.get("type", "object")
 
 
+def _first_sentence(op: dict) -> str:
+    text = " ".join((op.get("description") or op.get("summary") or "").split())
+    return re.split(r"(?<=[.:;])\s", text, maxsplit=1)[0].rstrip(".:;")
+
+
 def api_page() -> str:
     spec = openapi()
     out = [HEADER.format(source="the collector's OpenAPI (forksight.compose.app.create_app)"),
@@ -233,7 +239,7 @@ def api_page() -> str:
     ops = [(path, method, op) for path, item in spec["paths"].items() for method, op in item.items()
            if method in ("get", "post", "put", "patch", "delete")]
     out.append(table(["method", "path", "what it does"],
-                     [[code(m.upper()), f"[{code(p)}](#{slug(m + ' ' + p)})", md(op.get("summary", ""))]
+                     [[code(m.upper()), f"[{code(p)}](#{slug(m + ' ' + p)})", md(_first_sentence(op))]
                       for p, m, op in ops]))
     for path, method, op in ops:
         out.append(f"\n## {method.upper()} {path}\n\n")
@@ -251,8 +257,11 @@ def api_page() -> str:
         if body:
             kinds = ", ".join(f"{code(k)} ({code(_schema_name(v.get('schema', {})))})" for k, v in body["content"].items())
             out.append(f"Body{' (required)' if body.get('required') else ''}: {kinds}.\n\n")
-        out.append(table(["status", "meaning"],
-                         [[code(status), md(r.get("description", ""))] for status, r in op.get("responses", {}).items()]))
+        out.append(table(["status", "meaning", "body"],
+                         [[code(status), md(r.get("description", "")),
+                           ", ".join(f"{code(k)} ({code(_schema_name(v.get('schema', {})))})"
+                                     for k, v in (r.get("content") or {}).items())]
+                          for status, r in op.get("responses", {}).items()]))
     return "".join(out)
 
 
