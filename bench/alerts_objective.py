@@ -185,10 +185,15 @@ def report(runs: dict) -> dict:
     false = [f"{name}: {d}" for name, run in runs.items() for d in made[name]["first"]
              if d in NEW and d != run["kind"]]
     missed = [name for name, run in runs.items() if run["kind"] in NEW and run["kind"] not in made[name]["first"]]
+    # the reward as one function (no rewards/<name>/mean logged): only the samples can say it pays length
+    blind = {name: first_alerts(run["steps"], [{k: v for k, v in r.items() if not k.startswith("rewards/")}
+                                               for r in run["rows"]]).get("length_hacking")
+             for name, run in runs.items() if name.startswith("length-")}
     others = other_runs()
     elsewhere = {name: {d: s for d, s in first_alerts(steps, rows).items() if d in NEW}
                  for name, (steps, rows) in others.items()}
     return {"made_for_a_class": made, "missed": missed, "false_alarms_on_made_runs": false,
+            "length_hacking_without_reward_components": blind,
             "other_real_runs": len(others),
             "false_alarms_on_other_runs": {n: f for n, f in elsewhere.items() if f}}
 

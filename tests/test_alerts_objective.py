@@ -103,6 +103,20 @@ def test_length_hacking_on_a_length_paying_reward(live):
 
 
 @pytest.mark.slow
+def test_length_hacking_from_the_samples_when_the_reward_is_one_function(live):
+    """Without rewards/<name>/mean (one reward function paying answer and length), the stored samples'
+    within-group correlation is what explains the rise; the unpaid run stays quiet."""
+    for name, expect in (("length-paid-lr1e-3", True), ("length-unpaid-lr1e-3", False)):
+        run, monitor = live[name], AlertMonitor()
+        got = [a for s, r in zip(run["steps"], run["rows"])
+               for a in monitor.observe(s, {k: v for k, v in r.items() if not k.startswith("rewards/")})
+               if a.detector == "length_hacking"]
+        assert bool(got) is expect
+        if expect:
+            assert got[0].evidence["explained_by"] == "samples" and got[0].evidence["length_reward_corr"] >= 0.3
+
+
+@pytest.mark.slow
 def test_length_reward_correlation_is_the_mean_within_group_pearson_of_the_stored_samples(live):
     run = live["length-paid-lr1e-3"]
     groups: dict[tuple, list] = defaultdict(list)
