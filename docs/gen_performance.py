@@ -124,6 +124,23 @@ def storage(d: dict) -> str:
             f"{c['token_steps_kept']} token steps: {c['bytes_before'] / 1e6:.1f} MB → {c['bytes_after'] / 1e6:.1f} MB.\n")
 
 
+def metrics(d: dict) -> str:
+    rows = []
+    for r in d["results"]:
+        ratio, target, err = r["ratio_to_floor"], r["targets"], r["max_abs_err_vs_float64"]
+        met = r["targets_met"]
+        rows.append([f"{'×'.join(map(str, r['shape']))}, {r['dtype']}",
+                     f"{_n(ratio['token_stats'])}× (≤ {_n(target['token_stats'])}: {_n(met['token_stats'])})",
+                     f"{_n(ratio['token_stats_js'])}× (≤ {_n(target['token_stats_js'])}: {_n(met['token_stats_js'])})",
+                     f"{_n(ratio['token_stats_eager'])}× / {_n(ratio['token_stats_js_eager'])}×",
+                     f"{max(err['fused'].values()):.1e}", ", ".join(r["kernels_run"]) or "eager"])
+    return (_table(["shape [B, T, V], dtype", "token_stats / floor (target: met)", "with ICT JS / floor",
+                    "eager fallback (without / with JS)", "largest error vs float64", "kernels"], rows) +
+            f"\nMedian of {d['repeats']} interleaved rounds, torch {d['torch']}, {d['threads']} thread(s) on a "
+            f"{d['cpus']}-CPU machine whose 1-minute load average was {d['load_avg_1min_at_end']:.1f} at the end "
+            "(other work ran beside it: ratios, not times, are what carries over).\n")
+
+
 def generic(d: Any, prefix: str = "") -> list[list[str]]:
     """Every number of a JSON object, flattened to `path | value` rows (for a benchmark without a section)."""
     if isinstance(d, dict):
@@ -135,7 +152,8 @@ def generic(d: Any, prefix: str = "") -> list[list[str]]:
     return []
 
 
-SECTIONS: dict[str, Callable[[dict], str]] = {"alerts": alerts, "alerts_breadth": alerts_breadth, "storage": storage}
+SECTIONS: dict[str, Callable[[dict], str]] = {"alerts": alerts, "alerts_breadth": alerts_breadth, "storage": storage,
+                                              "metrics": metrics}
 
 
 def page() -> str:
