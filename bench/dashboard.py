@@ -11,7 +11,14 @@ step size (the short runs are added to that file). Figures (p95 over --repeats c
   runs_page_refresh     one page of the runs table + its count (both callbacks)      <= 300 ms
   ingest_to_visible     a step written -> the run page's tick (live.TICK_MS) returns it <= 1 s
 
+--side-by-side: the tokens page's first open over HTTP (tokens_page_open: its layout and the
+callbacks a browser fires before the tokens show, then the history's, through Dash's endpoints
+on a warm app, as a fresh browser tab meets a serving collector) on every --steps size at once,
+the sizes' opens interleaved so load on the machine falls on all alike; the growth is the
+largest size's p50 and p95 over the smallest's (issue 40, item 8: <= 1.25x).
+
     .venv/bin/python bench/dashboard.py --steps 10000,100000,500000 --runs 100,10000
+    .venv/bin/python bench/dashboard.py --steps 10000,100000 --token-rows-per-step 1024 --side-by-side
 """
 from __future__ import annotations
 
@@ -78,6 +85,78 @@ def dash_http(app, run_id: str, repeats: int) -> dict:
     stats = p95_ms(call, repeats)
     stats["response_bytes"] = call.bytes
     return stats
+
+
+TOKENS_GROWTH_TARGET = 1.25     # the tokens page's open, largest size over smallest (side by side)
+
+
+def tokens_page_open(app, run_id: str):
+    """A function timing one first open of the tokens page on `app` over Dash's endpoints: the
+    layout (Referer: the page's URL, as a browser asks), load_steps, show and history, each fed
+    the answers before it. Returns (ms, what the page showed)."""
+    client = app.server.test_client()
+    client.get("/")
+    deps = client.get("/_dash-dependencies").get_json()
+
+    def dep(first_output: str) -> dict:
+        return next(d for d in deps if d["output"].lstrip(".").startswith(first_output)
+                    and "@" not in d["output"])
+    load, show, history = dep("tok-span.data"), dep("tok-sample.options"), dep("tok-history.figure")
+
+    def call(d: dict, values: dict) -> dict:
+        outputs = [dict(zip(("id", "property"), o.rsplit(".", 1))) for o in d["output"].strip(".").split("...")]
+        if not d["output"].startswith(".."):      # one output: Dash sends it bare, not in a list
+            outputs = outputs[0]
+
+        def fill(xs):
+            return [{**x, "value": values.get(f"{x['id']}.{x['property']}")} for x in xs]
+        body = {"output": d["output"], "outputs": outputs, "inputs": fill(d["inputs"]),
+                "state": fill(d["state"]), "changedPropIds": [f"{d['inputs'][0]['id']}.{d['inputs'][0]['property']}"]}
+        response = client.post("/_dash-update-component", json=body)
+        assert response.status_code == 200, response.data[:500]
+        return response.get_json()["response"]
+
+    def once() -> tuple[float, dict]:
+        t = time.perf_counter()
+        layout = client.get("/_dash-layout", headers={"Referer": f"http://localhost/tokens?run={run_id}"})
+        assert layout.status_code == 200, layout.data[:300]
+        picked = call(load, {"tok-run.value": run_id})
+        span, value = picked["tok-span"]["data"], picked["tok-step"]["value"]
+        shown = call(show, {"tok-step.value": value, "tok-metric.value": "entropy", "tok-span.data": span,
+                            "tok-run.value": run_id})
+        prompt = shown["tok-prompt"]["children"]
+        call(history, {"tok-prompt.children": prompt, "tok-metric.value": "entropy", "tok-span.data": span,
+                       "tok-run.value": run_id})
+        return (time.perf_counter() - t) * 1e3, {"step": shown["tok-step-label"]["children"], "prompt": prompt}
+    return once
+
+
+def side_by_side(dbs: dict[int, str], repeats: int) -> dict:
+    """tokens_page_open on every store at once (one app each, all warm), the sizes interleaved in
+    rotating order each round: p50/p95 per size and the growth largest / smallest."""
+    from forksight.dashboard.app import create_dash
+
+    stores = {n: Store(db, verify=False, memory_limit="2GB") for n, db in dbs.items()}
+    try:
+        opens = {n: tokens_page_open(create_dash(st.reader), LONG_RUN) for n, st in stores.items()}
+        shown = {n: o()[1] for n, o in opens.items()}          # warm: the app's caches, as served
+        for o in opens.values():
+            o()
+        times: dict[int, list[float]] = {n: [] for n in opens}
+        order = list(opens)
+        for i in range(repeats):
+            for n in order[i % len(order):] + order[:i % len(order)]:
+                times[n].append(opens[n]()[0])
+    finally:
+        for st in stores.values():
+            st.close()
+    per = {f"{n:,}": {"p50_ms": round(float(np.percentile(t, 50)), 1),
+                      "p95_ms": round(float(np.percentile(t, 95)), 1), "n": len(t), "shows": shown[n]["step"]}
+           for n, t in times.items()}
+    lo, hi = f"{min(times):,}", f"{max(times):,}"
+    growth = {q: round(per[hi][f"{q}_ms"] / per[lo][f"{q}_ms"], 2) for q in ("p50", "p95")}
+    return {"tokens_page_open": per, "growth_largest_over_smallest": growth,
+            "target": TOKENS_GROWTH_TARGET, "met": max(growth.values()) <= TOKENS_GROWTH_TARGET}
 
 
 def ingest_to_visible(store: Store, run_id: str, tries: int, tick_s: float | None = None) -> dict:
@@ -168,7 +247,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--dir", default=None, help="where the stores go (default: a temp dir, removed)")
     parser.add_argument("--keep", action="store_true", help="keep the seeded stores")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="only the tokens page's open, on every --steps size at once (see the top)")
     args = parser.parse_args()
+    if args.side_by_side:
+        return main_side_by_side(args)
     steps = [int(s) for s in args.steps.split(",")]
     runs = [int(r) for r in args.runs.split(",")]
     root = Path(args.dir or tempfile.mkdtemp(prefix="forksight-bench-"))
@@ -204,6 +287,30 @@ def main() -> int:
         "growth_with_runs": {f: growth(by_runs, f, "runs") for f in TARGETS_MS},
         "by_steps": by_steps, "by_runs": by_runs,
     }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def main_side_by_side(args) -> int:
+    """Seed (or reuse, with --dir and --keep) a store per --steps size; time the tokens page's open
+    on all of them interleaved; print JSON."""
+    steps = [int(s) for s in args.steps.split(",")]
+    root = Path(args.dir or tempfile.mkdtemp(prefix="forksight-bench-"))
+    root.mkdir(parents=True, exist_ok=True)
+    dbs, seeded = {}, {}
+    try:
+        for n in steps:
+            db = root / f"steps{n}x{args.token_rows_per_step}.duckdb"
+            if not db.exists():
+                info = seed(str(db), steps=n, runs=int(args.runs.split(",")[0]),
+                            token_rows_per_step=args.token_rows_per_step)
+                seeded[f"{n:,}"] = {"seed_s": info["seconds"]["total_s"], "bytes": info["bytes"]}
+            dbs[n] = str(db)
+        report = {"token_rows_per_step": args.token_rows_per_step, "repeats": args.repeats,
+                  "seeded": seeded, **side_by_side(dbs, args.repeats)}
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(report, indent=2))
     return 0
 
