@@ -11,12 +11,13 @@ import pyarrow as pa
 # the columns that name one row of each table (what sorts both sides the same way)
 KEYS = {"scalars": ("run_id", "step", "key", "rank"), "tokens": ("run_id", "step", "sample_id", "pos"),
         "samples": ("run_id", "step", "sample_id"), "histograms": ("run_id", "step", "key", "bin_lo"),
-        "runs": ("run_id",), "alerts": ("run_id", "step", "detector")}
-STEP_TABLES = ("scalars", "tokens", "samples", "histograms")
+        "probes": ("run_id", "step", "sample_id", "pos"), "runs": ("run_id",),
+        "alerts": ("run_id", "step", "detector")}
+STEP_TABLES = ("scalars", "tokens", "samples", "histograms", "probes")
 
 
 def batch(step: int, tokens: int = 40, tag: str = "b") -> dict:
-    """One step's batch: 2 scalars, `tokens` token rows (sampler_logp included), 2 samples, 3 bins."""
+    """One step's batch: 2 scalars, `tokens` token rows (sampler_logp included), 2 samples, 3 bins, 2 probes."""
     ids = [i // 10 for i in range(tokens)]
     return {"batch_id": f"{tag}{step}",
             "scalars": [{"step": step, "key": "entropy/mean", "value": 1.0 + step / 7},
@@ -29,13 +30,17 @@ def batch(step: int, tokens: int = 40, tag: str = "b") -> dict:
                         "fork": [i % 3 == 0 for i in range(tokens)]}],
             "samples": [{"step": step, "sample_id": s, "group_id": 0, "prompt": f"p{step}", "completion": f"c{s}",
                          "reward": float(s), "correct": s == 1, "length": 10} for s in (0, 1)],
-            "histograms": [{"step": step, "key": "entropy", "counts": [1.0, 2.0, step], "edges": [0, 1, 2, 3]}]}
+            "histograms": [{"step": step, "key": "entropy", "counts": [1.0, 2.0, step], "edges": [0, 1, 2, 3]}],
+            "probes": [{"step": step, "sample_id": 0, "pos": p, "token_id": p, "token": f"t{p}", "fork": p == 0,
+                        "v_before": 0.5, "v_after": 0.25 * p, "delta": 0.25 * p - 0.5, "se": 0.1, "k": 16,
+                        "alternatives": '[{"token_id": 3, "token": "t3", "value": 1.0, "k": 16}]'} for p in (0, 1)]}
 
 
 def rows_of(body: dict) -> dict[str, int]:
     """The rows one batch adds per table, counted from the body (not from the collector's answer)."""
     return {"scalars": len(body["scalars"]), "tokens": sum(len(b["sample_id"]) for b in body["tokens"]),
-            "samples": len(body["samples"]), "histograms": sum(len(h["counts"]) for h in body["histograms"])}
+            "samples": len(body["samples"]), "histograms": sum(len(h["counts"]) for h in body["histograms"]),
+            "probes": len(body.get("probes", []))}
 
 
 def post(url: str, run: str, body: dict) -> dict:

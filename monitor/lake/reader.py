@@ -318,7 +318,6 @@ class TieredReader:
         return self._of(run_id).read_probes(run_id, step, sample_id, limit=limit)
 
     def probe_page(self, run_id: str, step: int, sample_id: int | None, limit: int, after) -> tuple:
-        # probes stay in the file (the lake keeps no probes: a lake-only run has none)
         return self._of(run_id).probe_page(run_id, step, sample_id, limit, after)
 
     def run_progress(self, run_id: str) -> tuple[int, int]:

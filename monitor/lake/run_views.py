@@ -11,7 +11,7 @@ from typing import Callable
 import pyarrow as pa
 
 from forksight.base.tables import (
-    ALERTS, HISTOGRAM_ROLLUPS, PROBES, RUNS, SCALAR_KEYS, SCALAR_ROLLUPS, TOKEN_STEPS, TABLES,
+    ALERTS, HISTOGRAM_ROLLUPS, RUNS, SCALAR_KEYS, SCALAR_ROLLUPS, TOKEN_STEPS, TABLES,
 )
 from forksight.monitor.lake.schema import COLLECTOR, STEP_TABLES, identifier
 
@@ -115,9 +115,8 @@ class RunDb:
         self._rolled: set[str] = set()
         self._lock = threading.RLock()          # ensure() inside rollups() on the same thread
         conn = self.conn = MemoryDb()
-        # probes: the lake keeps none (an empty table, so the Reader's reads of them answer "none")
         conn.execute("\n".join(spec.ddl() for spec in (RUNS, ALERTS, TOKEN_STEPS, SCALAR_KEYS, SCALAR_ROLLUPS,
-                                                       HISTOGRAM_ROLLUPS, PROBES)))
+                                                       HISTOGRAM_ROLLUPS)))
         row = {c: run_row.get(c) for c in RUNS.names} | {"run_id": self.shown}
         if row.get("name") is not None:
             row["name"] = shown_id(row["name"], collector)

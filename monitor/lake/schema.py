@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from forksight.base.tables import ALERTS, HISTOGRAMS, RUNS, SAMPLES, SCALARS, TOKENS, Table
+from forksight.base.tables import ALERTS, HISTOGRAMS, PROBES, RUNS, SAMPLES, SCALARS, TOKENS, Table
 from forksight.monitor.lake.errors import LakeError
 
 NAMESPACE = "forksight"
@@ -16,7 +16,7 @@ COLLECTOR = "collector"            # the one column the lake adds
 ROW_GROUP_ROWS = 16_384
 ROW_GROUP_PROP = "write.parquet.row-group-limit"
 STEP_BLOCK = 1000                  # steps per partition: a read of a step range touches its blocks only
-STEP_TABLES = (SCALARS, TOKENS, SAMPLES, HISTOGRAMS)     # appended from the outbox
+STEP_TABLES = (SCALARS, TOKENS, SAMPLES, HISTOGRAMS, PROBES)     # appended from the outbox
 STATE_TABLES = (RUNS, ALERTS)                            # overwritten per changed run
 LAKE_TABLES = {t.name: t for t in (*STEP_TABLES, *STATE_TABLES)}
 
