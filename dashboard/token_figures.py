@@ -1,7 +1,7 @@
 """The tokens page's colour scale (`TokenScale`: one per run and metric, 0 → a top read from the
 run's first token steps, the same at every step, so a collapsed step looks pale beside a
-healthy one; the mismatch log ratio diverges around 0 instead) and its pure figure, the
-position × step heatmap on that same scale."""
+healthy one; the mismatch log ratio and the value probes' Δ diverge around 0 instead) and its
+pure figure, the position × step heatmap on that same scale."""
 from __future__ import annotations
 
 import math
@@ -15,12 +15,17 @@ from forksight.base.constants import FORK_ENTROPY, MISMATCH_BANDS, MISMATCH_LIMI
 from forksight.dashboard.figures import base_layout, clean, empty_figure
 
 METRICS = {"entropy": "entropy H", "renyi2": "Rényi-2 H2", "js": "JS to group",
-           "logp": "surprise −log p", "mismatch": "mismatch log r"}
-UNITS = {"entropy": "nats", "renyi2": "nats", "js": "nats", "logp": "nats", "mismatch": "nats"}
+           "logp": "surprise −log p", "mismatch": "mismatch log r", "delta": "value Δ"}
+UNITS = {"entropy": "nats", "renyi2": "nats", "js": "nats", "logp": "nats", "mismatch": "nats",
+         "delta": "reward"}
 HUES = {"entropy": (232, 89, 12), "renyi2": (95, 61, 196), "js": (11, 114, 133),
-        "logp": (201, 42, 42), "mismatch": (178, 24, 43)}
+        "logp": (201, 42, 42), "mismatch": (178, 24, 43), "delta": (43, 138, 62)}
 # the mismatch scale diverges: r > 1 (the trainer's p above the sampler's) in HUES' red, r < 1 in blue
 BELOW_HUE = (33, 102, 172)
+# value Δ diverges too: a token that raised the expected reward in HUES' green, lowered it in red
+BELOW = {"delta": (201, 42, 42)}
+DIVERGING = ("mismatch", "delta")
+PIVOT_DELTA = 0.2          # a pivotal token's least |Δ| (docs/algorithms.md §12): the Δ scale's floor
 # the token columns a metric is computed from (the others are columns of their own)
 SOURCES = {"mismatch": ("logp", "sampler_logp")}
 MAX_ALPHA = 0.85            # full colour: the text stays readable on it
@@ -28,7 +33,8 @@ EARLY_STEPS = 3             # a run's scale is read from its first token steps..
 TOP_QUANTILE = 0.95         # ...as this quantile, so one outlier does not pale the rest
 # the least top: a run that starts collapsed stays pale instead of being stretched to full colour
 FLOOR = {"entropy": 1.0, "renyi2": 1.0, "js": 0.05, "logp": 1.0,
-         "mismatch": math.log(MISMATCH_BANDS[0])}   # ±log 2: the 2x band always fits on the scale
+         "mismatch": math.log(MISMATCH_BANDS[0]),   # ±log 2: the 2x band always fits on the scale
+         "delta": PIVOT_DELTA}                       # ±0.2: a pivotal Δ is always strongly coloured
 BAND_MARKS = tuple((sign * math.log(b), f"{b:g}×" if sign > 0 else f"1/{b:g}×")
                    for b in MISMATCH_BANDS for sign in (-1, 1))
 
@@ -58,8 +64,8 @@ class TokenScale:
 
     @property
     def diverging(self) -> bool:
-        """Whether the scale runs from −top to +top around 0 (the mismatch log ratio)."""
-        return self.metric == "mismatch"
+        """Whether the scale runs from −top to +top around 0 (the mismatch log ratio, value Δ)."""
+        return self.metric in DIVERGING
 
     @property
     def low(self) -> float:
@@ -79,7 +85,7 @@ class TokenScale:
 
     def fill(self, strength: float) -> str:
         """The CSS colour at a point of the scale, 0..1 (−1..1 when diverging: below 0 in blue)."""
-        r, g, b = BELOW_HUE if strength < 0 else HUES[self.metric]
+        r, g, b = BELOW.get(self.metric, BELOW_HUE) if strength < 0 else HUES[self.metric]
         return f"rgba({r},{g},{b},{MAX_ALPHA * abs(strength):.3f})"
 
     def color(self, value: float | None) -> str:
@@ -100,6 +106,8 @@ class TokenScale:
                  if self.low < v < self.top]
         if not self.diverging:
             return [(0.0, "0"), *inner, (self.top, f"{self.top:.3g}")]
+        if self.metric == "delta":
+            return sorted([(self.low, f"−{self.top:.3g}"), *inner, (0.0, "0"), (self.top, f"+{self.top:.3g}")])
         ends = [(self.low, f"−{self.top:.3g} ({math.exp(self.low):.2g}×)"),
                 (self.top, f"+{self.top:.3g} ({math.exp(self.top):.3g}×)")]
         return sorted([ends[0], *inner, (0.0, "0 (1×)"), ends[1]])
@@ -113,17 +121,20 @@ def metric_bound(metric: str, vocab_size: int | None) -> float:
         return math.log(2.0)
     if metric == "mismatch":        # the mismatch histogram's end: a ratio of e⁴ ≈ 55×
         return MISMATCH_LIMIT
+    if metric == "delta":           # a reward's range is the run's own: no bound
+        return math.inf
     return math.log(vocab_size) if vocab_size and vocab_size > 1 else math.inf
 
 
 def token_scale(early_values: Sequence[float] | np.ndarray, metric: str, *,
                 vocab_size: int | None = None, steps: Sequence[int] = ()) -> TokenScale:
     """A run's fixed scale for `metric` from its early steps' values (`steps` names them); the
-    mismatch scale is ± the quantile of |log r|, at least ±log 2."""
+    mismatch scale is ± the quantile of |log r|, at least ±log 2; value Δ's ± the quantile of
+    |Δ| over the run's first probed steps, at least ±0.2 (the pivot threshold)."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
     vals = np.asarray(early_values, dtype=np.float64)
-    vals = -vals if metric == "logp" else np.abs(vals) if metric == "mismatch" else vals
+    vals = -vals if metric == "logp" else np.abs(vals) if metric in DIVERGING else vals
     vals = vals[np.isfinite(vals)]
     quantile = float(np.quantile(vals, TOP_QUANTILE)) if len(vals) else 0.0
     where = (f"steps {steps[0]}–{steps[-1]}" if len(steps) > 1 else f"step {steps[0]}") \
@@ -132,17 +143,24 @@ def token_scale(early_values: Sequence[float] | np.ndarray, metric: str, *,
     if metric == "mismatch":
         source = f"± the {TOP_QUANTILE:.0%} quantile of |log r| in {where}" if len(vals) \
             else f"no sampler log p in {where}"
+    if metric == "delta":
+        where = where.replace("step", "probed step")
+        source = f"± the {TOP_QUANTILE:.0%} quantile of |Δ| in {where}" if len(vals) \
+            else "no value probes in this run yet"
     if top < FLOOR[metric]:
         top = FLOOR[metric]
-        if metric != "mismatch":
+        if metric not in DIVERGING:
             source = f"floor ({where} stay below it)"
-        elif len(vals):
+        elif len(vals) and metric == "mismatch":
             source = f"±log 2, the 2× band ({TOP_QUANTILE:.0%} of {where} lie inside it)"
+        elif len(vals):
+            source = f"±{PIVOT_DELTA:g}, the pivot threshold ({TOP_QUANTILE:.0%} of |Δ| in {where} lie inside it)"
     bound = metric_bound(metric, vocab_size)
     if top > bound:
         top, source = bound, {"js": "ln 2, the largest JS", "mismatch": "±4, the histogram's end"
                               }.get(metric, "ln|V|, uniform")
-    marks = {"entropy": ((FORK_ENTROPY, "fork"),), "mismatch": BAND_MARKS}.get(metric, ())
+    marks = {"entropy": ((FORK_ENTROPY, "fork"),), "mismatch": BAND_MARKS,
+             "delta": ((-PIVOT_DELTA, "pivot"), (PIVOT_DELTA, "pivot"))}.get(metric, ())
     return TokenScale(metric, float(top), source, marks, empty=not len(vals))
 
 
@@ -155,7 +173,8 @@ def position_step_heatmap(tokens: pd.DataFrame | None, scale: TokenScale | str =
         scale = token_scale(values, scale)
     metric = scale.metric
     if tokens is None or tokens.empty:
-        return empty_figure("no token rows for this prompt", height=280)
+        return empty_figure("no value probes in this run yet" if metric == "delta"
+                            else "no token rows for this prompt", height=280 if metric != "delta" else 120)
     if metric not in tokens or not tokens[metric].notna().any():
         return empty_figure(f"no {METRICS[metric]} in these token rows"
                             + (" (no sampler log p)" if metric == "mismatch" else ""), height=120)

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 from dash import html
 
+from forksight.dashboard.probe_figures import probe_lines
 from forksight.dashboard.token_figures import (METRICS, UNITS, TokenScale, token_scale,
                                                with_log_ratio)
 
@@ -44,6 +45,7 @@ def token_title(row: dict) -> str:
         f"top-1 p {_fmt(row.get('top1'))}   fork {_fmt(row.get('fork'))}   "
         f"trained on {_fmt(row.get('selected'))}",
         *mismatch_line(row),
+        *probe_lines(row),
         *(["environment text (tool output): not sampled from the policy, not scored"] if row.get("env") else []),
     ])
 
@@ -52,8 +54,8 @@ def token_spans(tokens: pd.DataFrame, metric: str = "entropy", scale: TokenScale
                 ) -> list[html.Span]:
     """One html.Span per token row (ordered by position): text as children, colour by metric
     on `scale` (default: a scale read from these rows), class `fork` (outlined) and `sel`
-    (underlined) where the data says so, `nolr` (greyed) for a token the mismatch mode cannot
-    colour (no sampler log p)."""
+    (underlined) where the data says so, `nolr` (greyed) for a token a diverging mode cannot
+    colour (no sampler log p; not probed), `pivot` (marked) for a pivotal token in value Δ."""
     if metric == "mismatch" and "mismatch" not in tokens:
         tokens = with_log_ratio(tokens)
     if scale is None:
@@ -66,6 +68,8 @@ def token_spans(tokens: pd.DataFrame, metric: str = "entropy", scale: TokenScale
             classes.append("fork")
         if row.get("selected"):
             classes.append("sel")
+        if scale.metric == "delta" and row.get("pivotal") is not None and bool(row["pivotal"]):
+            classes.append("pivot")
         if row.get("env"):       # a tool's or environment's text: shown in place, never scored
             classes.append("env")
         elif scale.diverging and scale.shown(row.get(scale.metric)) is None:
@@ -138,6 +142,8 @@ def legend(scale: TokenScale) -> html.Div:
                   style={"marginLeft": "14px"}),
         html.Span("trained on", className="tok sel", style={"marginLeft": "10px"}),
         html.Span("environment text", className="tok env", style={"marginLeft": "10px"}),
+        *([html.Span("pivotal", className="tok pivot", style={"marginLeft": "10px"})]
+          if scale.metric == "delta" else []),
     ])
 
 
@@ -146,9 +152,24 @@ def mismatch_notes(scale: TokenScale) -> list:
     which way the colours go."""
     if not scale.diverging:
         return []
+    if scale.metric == "delta":
+        return probe_notes(scale)
     if scale.empty:
         return [html.Span("no sampler log p: tokens stay uncoloured (log it: README, "
                           "training–inference mismatch)", className="notice", id="tok-no-sampler")]
     return [html.Span("log r = log p_train − log p_sampler: blue, the trainer's p lower than "
                       "the sampler's; red, higher; grey text: the sampler's log p unknown",
+                      className="scale-source", style={"flexBasis": "100%", "order": 9})]
+
+
+def probe_notes(scale: TokenScale) -> list:
+    """What the value Δ legend says beside its bar: that the run has no probes, or what the
+    colours and the mark mean."""
+    if scale.empty:
+        return [html.Span("no value probes in this run: tokens stay uncoloured (forksight train "
+                          "--probe-every N, or forksight probe on a stored run)", className="notice",
+                          id="tok-no-probes")]
+    return [html.Span("Δ = V after − V before the token (mean reward of K sampled continuations): "
+                      "green, the token raised the expected reward; red, lowered it; grey text: not "
+                      "probed; ◆ pivotal (|Δ| ≥ 0.2 and > 2 SE)",
                       className="scale-source", style={"flexBasis": "100%", "order": 9})]

@@ -17,7 +17,7 @@ from forksight.dashboard.run_options import run_options, searchable
 from forksight.dashboard.run_view import Controls, draw_run, heatmap_kept, status_line, tick_run
 from forksight.dashboard.wire import wire_figure
 
-GRAPHS = ("entropy", "heatmap", "mismatch", "ratios", "passk", "signals", "custom", "heldout")
+GRAPHS = ("entropy", "heatmap", "mismatch", "ratios", "passk", "signals", "custom", "heldout", "probes")
 HIDDEN = {"display": "none"}
 _CONFIG = {"displaylogo": False, "responsive": True}
 START = Controls()      # the controls as a page opens (the layout's first draw uses them)
@@ -93,6 +93,9 @@ def layout(run: str | None = None, step: str | None = None, **_query) -> html.Di
             html.Div(dcc.Graph(id="run-heldout", config=_CONFIG, figure=figure("heldout")),
                      id="run-heldout-wrap",
                      style=None if first and first["heldout"] else HIDDEN),
+            # shown only for a run that logs value probes (probe/* scalars)
+            html.Div(dcc.Graph(id="run-probes", config=_CONFIG, figure=figure("probes")),
+                     id="run-probes-wrap", style=None if first and first["probes"] else HIDDEN),
             dcc.Graph(id="run-signals", config=_CONFIG, figure=figure("signals")),
             html.Div(className="controls", children=[
                 html.Label("other scalars by name"),
@@ -115,7 +118,7 @@ def drawn(run_id: str, controls: Controls, focus: int | None) -> dict:
                    dash.get_relative_path("/"), focus=focus)
     return {"figures": {g: shown(g, out["figures"][g], focus, controls.x_axis) for g in GRAPHS},
             "state": out["state"], "banner": out["banner"], "mismatch": out["mismatch"],
-            "heldout": out["heldout"],
+            "heldout": out["heldout"], "probes": out["probes"],
             "status": status_line(out["run"], out["state"]), "other_keys": out["other_keys"],
             "health": verdict_chip(out["verdict"], id="run-verdict")}
 
@@ -140,19 +143,21 @@ def register(app: dash.Dash) -> None:
                   Output("run-status", "children"), Output("run-custom-keys", "options"),
                   Output("run-health", "children"), Output("run-charts", "style"),
                   Output("run-mismatch-wrap", "style"), Output("run-heldout-wrap", "style"),
+                  Output("run-probes-wrap", "style"),
                   Input("run-select", "value"), *controls, State("run-focus", "data"),
                   State("run-state", "data"), prevent_initial_call=True)
     def draw(run_id, smoothing, x_axis, log_y, points, custom, focus, previous):
         if not run_id:             # nothing picked: the notice above says why, no empty axes
             empty = empty_figure("", height=40)
-            return (*[empty] * len(GRAPHS), None, [], "", [], None, HIDDEN, HIDDEN, HIDDEN)
+            return (*[empty] * len(GRAPHS), None, [], "", [], None, HIDDEN, HIDDEN, HIDDEN, HIDDEN)
         out = drawn(run_id, Controls.from_inputs(smoothing, x_axis, log_y, points, custom), focus)
         figures, state = [out["figures"][g] for g in GRAPHS], out["state"]
         kept = heatmap_kept(previous, state)
         if kept is not None:       # e.g. the smoothing slider moved: the heatmap stays as drawn
             figures[GRAPHS.index("heatmap")], state = no_update, kept
         return (*figures, state, out["banner"], out["status"], out["other_keys"], out["health"],
-                None, None if out["mismatch"] else HIDDEN, None if out["heldout"] else HIDDEN)
+                None, None if out["mismatch"] else HIDDEN, None if out["heldout"] else HIDDEN,
+                None if out["probes"] else HIDDEN)
 
     @app.callback(*[Output(f"run-{g}", "figure", allow_duplicate=True) for g in GRAPHS],
                   Output("run-state", "data", allow_duplicate=True),
@@ -161,17 +166,18 @@ def register(app: dash.Dash) -> None:
                   Output("run-health", "children", allow_duplicate=True),
                   Output("run-mismatch-wrap", "style", allow_duplicate=True),
                   Output("run-heldout-wrap", "style", allow_duplicate=True),
+                  Output("run-probes-wrap", "style", allow_duplicate=True),
                   Input("run-tick", "n_intervals"), State("run-state", "data"),
                   *[State(c.component_id, c.component_property) for c in controls],
                   State("run-focus", "data"), prevent_initial_call=True)
     def tick(_n, state, smoothing, x_axis, log_y, points, custom, focus):
         if not state:
-            return (no_update,) * (len(GRAPHS) + 6)
+            return (no_update,) * (len(GRAPHS) + 7)
         app_state = data.current()
         reader = app_state.reader
         ctl = Controls.from_inputs(smoothing, x_axis, log_y, points, custom)
         if state.get("controls") != ctl.key():  # a redraw for new controls is in flight
-            return (no_update,) * (len(GRAPHS) + 6)
+            return (no_update,) * (len(GRAPHS) + 7)
         prefix = dash.get_relative_path("/")
         out = tick_run(reader, state, ctl, prefix, focus=focus)
         if out["redraw"]:                       # a new forecast or the first step: redraw once
@@ -180,18 +186,19 @@ def register(app: dash.Dash) -> None:
                     full["state"], full["banner"], status_line(full["run"], full["state"]),
                     verdict_chip(full["verdict"], id="run-verdict"),
                     None if full["mismatch"] else HIDDEN,
-                    None if full["heldout"] else HIDDEN)
+                    None if full["heldout"] else HIDDEN, None if full["probes"] else HIDDEN)
         chip = no_update if out["verdict"] is None else verdict_chip(out["verdict"],
                                                                      id="run-verdict")
         if all(p is None for p in out["figures"].values()) and out["banner"] is None:
             new_state = out["state"] if out["state"] != state else no_update
             return (no_update,) * len(GRAPHS) + (new_state, no_update, no_update, chip, no_update,
-                                                 no_update)
+                                                 no_update, no_update)
         figures = [out["figures"].get(g) for g in GRAPHS]
         return (*[no_update if f is None else shown(g, f, focus, x_axis) if isinstance(f, dict)
                   else f for g, f in zip(GRAPHS, figures)], out["state"],
                 out["banner"] if out["banner"] is not None else no_update,
-                status_line(reader.run(state["run_id"]), out["state"]), chip, no_update, no_update)
+                status_line(reader.run(state["run_id"]), out["state"]), chip, no_update, no_update,
+                no_update)
 
     @app.callback(Output("run-tick", "disabled"), Output("run-pause", "children"),
                   Input("run-pause", "n_clicks"), prevent_initial_call=True)

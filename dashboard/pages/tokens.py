@@ -13,6 +13,7 @@ from forksight.dashboard import data
 from forksight.dashboard.data import LRU
 from forksight.dashboard.figures import downsample_indices
 from forksight.dashboard.live import TICK_MS
+from forksight.dashboard.probe_figures import probe_history, with_probes
 from forksight.dashboard.run_options import run_options, searchable
 from forksight.dashboard.run_view import vocab_size
 from forksight.dashboard.token_figures import (EARLY_STEPS, METRICS, SOURCES, TokenScale,
@@ -33,12 +34,24 @@ def _step_rows(reader: Reader, run_id: str, step: int, cache: LRU | None = None,
     return cache.get_or_compute((run_id, step), read)
 
 
+def scale_steps(reader: Reader, run_id: str, metric: str) -> list[int]:
+    """The steps a run's scale is read from: its first EARLY_STEPS token steps (value Δ: probed
+    steps)."""
+    if metric == "delta":
+        return reader.probe_steps(run_id)[:EARLY_STEPS]
+    return reader.first_token_steps(run_id, EARLY_STEPS)
+
+
 def run_scale(reader: Reader, run_id: str, metric: str, steps: list[int] | None = None,
               cache: LRU | None = None) -> TokenScale:
     """The run's fixed colour scale for `metric`, read from its first EARLY_STEPS token steps
-    (`steps`: those steps, ascending, else read from the token_steps index)."""
-    early = [int(s) for s in (reader.first_token_steps(run_id, EARLY_STEPS) if steps is None
+    (`steps`: those steps, ascending, else read from the token_steps index); value Δ from the
+    probe rows of its first probed steps."""
+    early = [int(s) for s in (scale_steps(reader, run_id, metric) if steps is None
                               else steps)[:EARLY_STEPS]]
+    if metric == "delta":
+        deltas = [reader.read_probes(run_id, s)["delta"] for s in early]
+        return token_scale(pd.concat(deltas) if deltas else [], metric, steps=early)
     # the scale's steps are cached only once EARLY_STEPS exist (a newer step may gain rows)
     newest = early[-1] + (len(early) < EARLY_STEPS) if early else None
     parts = [_step_rows(reader, run_id, s, cache, newest=newest)[0] for s in early]
@@ -85,6 +98,8 @@ def render_step(reader: Reader, run_id: str, step: int, choice: str | None, metr
     if scale is None:
         scale = run_scale(reader, run_id, metric, None, cache)
     tokens, samples = _step_rows(reader, run_id, int(step), cache, newest)
+    if metric == "delta":       # the step's probe rows beside its tokens (a few hundred rows)
+        tokens = with_probes(tokens, reader.read_probes(run_id, int(step)))
     options = sample_options(tokens, samples)
     values = [o["value"] for o in options]
     if choice not in values:
@@ -123,6 +138,10 @@ def prompt_history(reader: Reader, run_id: str, prompt: str | None, metric: str,
     spread over the run (`all_steps`: the run's token steps to pick them from, else
     history_steps reads them), in one read, and whether they are this prompt's (False: every
     sampled rollout: the prompt is unknown or recurs at fewer than MIN_PROMPT_STEPS steps)."""
+    if metric == "delta":        # the probed steps' rows: every probed completion
+        probed = reader.probe_steps(run_id)
+        picked = [probed[i] for i in downsample_indices(len(probed), max_steps)]
+        return probe_history([reader.read_probes(run_id, s) for s in picked]), False
     steps = history_steps(reader, run_id, max_steps) if all_steps is None else \
         [all_steps[i] for i in downsample_indices(len(all_steps), max_steps)]
     columns = SOURCES.get(metric, (metric,))         # mismatch: from logp and sampler_logp
@@ -287,7 +306,8 @@ def register(app: dash.Dash) -> None:
         app_state = data.current()
         rows, mine = prompt_history(app_state.reader, run_id,
                                     prompt if isinstance(prompt, str) and prompt else None, metric)
-        which = "this prompt's rollouts" if mine else "every sampled rollout"
+        which = "this prompt's rollouts" if mine else \
+            "every probed completion" if metric == "delta" else "every sampled rollout"
         return position_step_heatmap(rows, _scale(app_state, run_id, metric),
                                      title=f"{METRICS[metric]} by position across training "
                                            f"(same colours as the tokens): {which}")
@@ -298,7 +318,7 @@ def _scale(app_state: data.AppState, run_id: str, metric: str) -> TokenScale:
     key = (run_id, metric)
     scale = app_state.token_scales.get(key)
     if scale is None:
-        early = app_state.reader.first_token_steps(run_id, EARLY_STEPS)
+        early = scale_steps(app_state.reader, run_id, metric)
         scale = run_scale(app_state.reader, run_id, metric, early, app_state.token_rows)
         if len(early) >= EARLY_STEPS:
             app_state.token_scales.put(key, scale)
