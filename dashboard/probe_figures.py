@@ -35,12 +35,26 @@ def has_probes(keys: Sequence[str]) -> bool:
 
 def with_probes(tokens: pd.DataFrame, probes: pd.DataFrame | None) -> pd.DataFrame:
     """The token rows with the probe columns of their (rank, sample, position) beside them; a
-    token nobody probed has NaN Δ (the page leaves it uncoloured)."""
-    if probes is None or probes.empty or tokens.empty:
+    token nobody probed has NaN Δ (the page leaves it uncoloured). A probed completion whose token
+    rows were not stored (a trainer logs token rows for some samples, probes others) is shown from
+    its probe rows when they cover every position (the probe's `all` sweep): they carry the token,
+    its entropy and fork flag."""
+    if probes is None or probes.empty:
         return tokens.assign(**{c: np.full(len(tokens), np.nan) for c in ("delta", "v_before", "v_after")})
-    on = [c for c in ("rank", "sample_id", "pos") if c in tokens and c in probes]
+    on = [c for c in ("rank", "sample_id", "pos") if c in probes and (tokens.empty or c in tokens)]
     keep = probes[[*on, *[c for c in PROBE_COLUMNS if c in probes]]].drop_duplicates(on, keep="last")
-    return tokens.drop(columns=[c for c in PROBE_COLUMNS if c in tokens]).merge(keep, on=on, how="left")
+    joined = tokens.drop(columns=[c for c in PROBE_COLUMNS if c in tokens]).merge(keep, on=on, how="left") \
+        if not tokens.empty else tokens
+    seq = [c for c in ("rank", "sample_id") if c in on]
+    have = set(map(tuple, tokens[seq].drop_duplicates().to_numpy().tolist())) if not tokens.empty else set()
+    alone = [rows for key, rows in probes.drop_duplicates(on, keep="last").groupby(seq)
+             if (key if isinstance(key, tuple) else (key,)) not in have
+             and sorted(rows["pos"]) == list(range(len(rows)))]
+    if not alone:
+        return joined
+    extra = pd.concat(alone, ignore_index=True)
+    return pd.concat([joined, extra[[c for c in extra if c in joined or c in PROBE_COLUMNS or joined.empty]]],
+                     ignore_index=True)
 
 
 def alternatives(text) -> list[dict]:
@@ -115,21 +129,21 @@ def pivotal_figure(scalars: dict[str, pd.DataFrame], *, x_axis: str = "step",
     data = _panel(rows, PRECISION, x_axis, x1, y1, gl, "legend") + \
         _panel(rows, RECALL, x_axis, x2, y2, gl, "legend2")
     titles = [("are the forks pivotal?", xa1), ("recall of pivotal tokens by selection rule", xa2)]
-    notes = [{"text": t, "xref": "paper", "yref": "paper", "x": sum(xa["domain"]) / 2, "y": 1.0,
-              "xanchor": "center", "yanchor": "bottom", "showarrow": False, "font": {"size": 12}}
+    # each panel: its question on top, its legend (one entry a line) below it, the plot under both
+    notes = [{"text": f"<b>{t}</b>", "xref": "paper", "yref": "paper", "x": xa["domain"][0], "y": 1.0,
+              "xanchor": "left", "yanchor": "bottom", "showarrow": False, "font": {"size": 12}}
              for t, xa in titles]
-    layout = base_layout("Pivotal tokens (value probes: |Δ| ≥ 0.2 and > 2 SE)", height=360, x_axis=x_axis,
+    layout = base_layout("Pivotal tokens (value probes: |Δ| ≥ 0.2 and > 2 SE)", height=420, x_axis=x_axis,
                          uirevision=uirevision, hovermode="closest", annotations=notes)
     axis = {"type": "date" if x_axis == "wall" else "linear", "title": {"text": X_TITLES[x_axis], "standoff": 2}}
     share = {"range": [-0.02, 1.02], "tickformat": ".0%", "zeroline": False}
-    layout.update({"xaxis": {**xa1, **axis}, "yaxis": {**ya1, **share, "domain": [0.0, 0.78]},
-                   "xaxis2": {**xa2, **axis}, "yaxis2": {**ya2, **share, "domain": [0.0, 0.78]},
-                   "margin": {"l": 55, "r": 25, "t": 42, "b": 48}})
+    layout.update({"xaxis": {**xa1, **axis}, "yaxis": {**ya1, **share, "domain": [0.0, 0.62]},
+                   "xaxis2": {**xa2, **axis}, "yaxis2": {**ya2, **share, "domain": [0.0, 0.62]},
+                   "margin": {"l": 55, "r": 25, "t": 60, "b": 48}})
     for name, xa in (("legend", xa1), ("legend2", xa2)):
-        layout[name] = {"orientation": "h", "x": xa["domain"][0], "xanchor": "left", "y": 0.84,
-                        "yanchor": "bottom", "font": {"size": 10}, "bgcolor": "rgba(255,255,255,0)"}
-    for note in notes:
-        note["y"] = 1.0
+        layout[name] = {"orientation": "v", "x": xa["domain"][0], "xanchor": "left", "y": 0.97,
+                        "yanchor": "top", "font": {"size": 11}, "bgcolor": "rgba(255,255,255,0)",
+                        "tracegroupgap": 0}
     return {"data": data, "layout": layout}
 
 

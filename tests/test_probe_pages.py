@@ -150,3 +150,15 @@ def test_the_compare_page_plots_a_probe_key(store):
     fig = compare_runs(store.reader, [run], panels=["probe/recall/fork"])
     traces = [t for t in fig["data"] if (t.get("meta") or {}).get("key") == "probe/recall/fork"]
     assert traces and list(traces[0]["y"]) == [1.0, 1.0]
+
+
+def test_a_probed_completion_without_token_rows_is_shown_from_a_full_sweep_of_its_probes():
+    tokens = pd.DataFrame({"rank": [0, 0], "sample_id": [0, 0], "pos": [0, 1], "token": ["a", "b"]})
+    sweep = pd.DataFrame({"rank": 0, "sample_id": 5, "pos": [1, 0, 2], "token": ["y", "x", "z"],
+                          "delta": [0.3, 0.0, -0.1], "pivotal": [True, False, False]})
+    gaps = pd.DataFrame({"rank": 0, "sample_id": 6, "pos": [0, 2], "token": ["p", "q"], "delta": [0.1, 0.2]})
+    joined = P.with_probes(tokens, pd.concat([sweep, gaps], ignore_index=True))
+    five = joined[joined["sample_id"] == 5].sort_values("pos")
+    assert five["token"].tolist() == ["x", "y", "z"] and five["delta"].tolist() == [0.0, 0.3, -0.1]
+    assert 6 not in set(joined["sample_id"])       # a partial sweep would drop text: left out
+    assert joined[joined["sample_id"] == 0]["delta"].isna().all()

@@ -192,7 +192,7 @@ def _span(span) -> tuple[str | None, int | None]:
 
 
 def layout(run: str | None = None, step: str | None = None, sample: str | None = None,
-           **_query) -> html.Div:
+           metric: str | None = None, **_query) -> html.Div:
     run_asked = run
     options = run_options(data.reader(), [run] if run else [])   # a page of runs; typing searches
     unknown = run is not None and run not in {o["value"] for o in options}
@@ -215,7 +215,8 @@ def layout(run: str | None = None, step: str | None = None, sample: str | None =
             html.Div([html.Label("sample"), dcc.Dropdown(id="tok-sample", clearable=False,
                                                          value=sample)], className="control"),
             html.Div([html.Label("colour by"),
-                      dcc.RadioItems(id="tok-metric", value="entropy", inline=True,
+                      dcc.RadioItems(id="tok-metric", value=metric if metric in METRICS else "entropy",
+                                     inline=True,
                                      options=[{"label": f" {v}", "value": k}
                                               for k, v in METRICS.items()])],
                      className="control"),
