@@ -75,11 +75,14 @@ class AppState:
     each run's colour scale. The frame caches are bounded by bytes, not entries: one step may
     hold 400k token rows (24 such steps once kept +700 MB)."""
 
-    def __init__(self, reader: Any, *, run_frame_bytes: int = 64 << 20, token_bytes: int = 128 << 20):
+    def __init__(self, reader: Any, *, run_frame_bytes: int = 64 << 20, token_bytes: int = 128 << 20,
+                 history_bytes: int = 32 << 20):
         self.reader = reader
         self.run_frames = LRU(max_bytes=run_frame_bytes)   # (run, points, keys) -> frames already read
         self.token_rows = LRU(max_bytes=token_bytes)       # (run, step) -> (tokens, samples)
         self.token_scales = LRU(64)                        # (run, metric) -> the run's fixed TokenScale
+        # (run, prompt, metric, steps) -> a finished run's position × step heatmap rows
+        self.token_history = LRU(max_bytes=history_bytes)
 
 
 def install(server: flask.Flask, reader: Any) -> AppState:

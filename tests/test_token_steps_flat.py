@@ -139,3 +139,20 @@ def test_the_tokens_page_first_open_scans_no_more_of_a_ten_times_longer_run(tmp_
                 f"{' '.join(sql.split())[:120]} scans {table}: {few.get(table, 0):,} -> {many.get(table, 0):,} rows"
     # and no statement reads token_steps' rows at all beyond the span
     assert all(not s.get("token_steps") for s in long[1]), long[1]
+
+
+def test_a_finished_runs_history_heatmap_is_read_once_per_app(tmp_path):
+    from forksight.dashboard.data import AppState
+    from forksight.dashboard.pages.tokens import cached_history, prompt_history
+
+    path = str(tmp_path / "h.duckdb")
+    _long_dense_run(path, 3_000)
+    with Store(path, verify=False) as store:
+        app_state = AppState(store.reader)
+        first = _statements(store.reader, lambda: cached_history(app_state, "long", "1+1=", "entropy"))
+        again = _statements(store.reader, lambda: cached_history(app_state, "long", "1+1=", "entropy"))
+        rows, mine = cached_history(app_state, "long", "1+1=", "entropy")
+        want, want_mine = prompt_history(store.reader, "long", "1+1=", "entropy")
+        assert mine == want_mine and rows.equals(want)
+    reads = [s for s, _ in first if "FROM tokens" in s]
+    assert len(reads) == 1 and not [s for s, _ in again if "FROM tokens" in s or "FROM samples" in s]

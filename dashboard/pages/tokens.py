@@ -158,6 +158,19 @@ def prompt_history(reader: Reader, run_id: str, prompt: str | None, metric: str,
     return read(), False
 
 
+def cached_history(app_state: data.AppState, run_id: str, prompt: str | None, metric: str
+                   ) -> tuple[pd.DataFrame, bool]:
+    """prompt_history, kept by the app for a run that is not live: its spread steps and their rows
+    never change, so a page opened again on a long finished run reads no token rows for the heatmap
+    (its first read scans up to HISTORY_STEPS row groups of samples, one per spread step)."""
+    run = app_state.reader.run(run_id)
+    if run is None or run.get("status") == "live":
+        return prompt_history(app_state.reader, run_id, prompt, metric)
+    key = (run_id, prompt, metric, run.get("last_step"), app_state.reader.token_step_span(run_id))
+    return app_state.token_history.get_or_compute(
+        key, lambda: prompt_history(app_state.reader, run_id, prompt, metric))
+
+
 MARKS = 8               # labelled steps under the slider
 
 
@@ -305,8 +318,8 @@ def register(app: dash.Dash) -> None:
         if not run_id or last is None or shown_run != run_id or metric not in METRICS:
             return position_step_heatmap(None)
         app_state = data.current()
-        rows, mine = prompt_history(app_state.reader, run_id,
-                                    prompt if isinstance(prompt, str) and prompt else None, metric)
+        rows, mine = cached_history(app_state, run_id, prompt if isinstance(prompt, str) and prompt else None,
+                                    metric)
         which = "this prompt's rollouts" if mine else \
             "every probed completion" if metric == "delta" else "every sampled rollout"
         return position_step_heatmap(rows, _scale(app_state, run_id, metric),
