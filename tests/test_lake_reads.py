@@ -216,3 +216,14 @@ def test_compact_to_lake_moves_committed_token_steps_and_the_reader_reads_them_f
     bad = subprocess.run([sys.executable, "-m", "forksight", "compact", "--db", db, "--run", "c", "--to-lake"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "--to-lake needs --lake-catalog" in bad.stderr
+
+
+def test_every_reader_method_says_which_lake_tables_it_reads():
+    """lazy_run.NEEDS names the step tables each Reader method reads on a lake run; a method left out
+    opens every table first (slow, not wrong), so the map lists every public method of the Reader."""
+    from forksight.monitor.collector.reader import Reader as FileReader
+    from forksight.monitor.lake.lazy_run import NEEDS
+
+    public = {n for n in dir(FileReader) if not n.startswith("_") and callable(getattr(FileReader, n))}
+    assert public - set(NEEDS) == set()
+    assert set(NEEDS) - public == set()          # no stale names either
