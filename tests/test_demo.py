@@ -1,6 +1,7 @@
 """`forksight demo`, run for real with a small configuration: a collector with the dashboard,
 three training processes (all, fork, ict) streaming to it, and clean shutdown. The store must
-hold all three runs with steps, token rows and samples, and an alert on the collapsing run."""
+hold all three runs with steps, token rows and samples, and an alert on the collapsing run; the
+summary printed at the end and written as JSON says what the stored rows say."""
 from __future__ import annotations
 
 import os
@@ -14,6 +15,7 @@ import pytest
 from forksight.monitor.collector.store import Store
 
 pytestmark = pytest.mark.slow
+NAMES = ("all-lr3e-3-preset", "fork-lr3e-3-preset", "ict-lr3e-3-preset")   # the collapse preset's lr
 
 
 def _free_port() -> int:
@@ -23,6 +25,8 @@ def _free_port() -> int:
 
 
 def test_demo_trains_three_strategies_live_and_alerts_on_the_collapsing_one(tmp_path):
+    import json
+
     db = tmp_path / "demo.duckdb"
     port = _free_port()
     argv = [sys.executable, "-m", "forksight", "demo", "--preset", "collapse", "--db", str(db), "--port", str(port),
@@ -37,21 +41,29 @@ def test_demo_trains_three_strategies_live_and_alerts_on_the_collapsing_one(tmp_
     with Store(str(db)) as store:
         reader = store.reader
         runs = reader.list_runs().set_index("name")
-        assert {"demo-all", "demo-fork", "demo-ict"} <= set(runs.index)
-        for name in ("demo-all", "demo-fork", "demo-ict"):
+        assert set(NAMES) <= set(runs.index)
+        for name in NAMES:
             run_id = runs.loc[name, "run_id"]
-            assert runs.loc[name, "strategy"] == name.split("-")[1]
+            assert runs.loc[name, "strategy"] == name.split("-")[0]
             assert runs.loc[name, "status"] in ("finished", "stopped")
             steps = reader.read_scalars(run_id, ["entropy/mean"], downsample=10_000).step
             assert steps.max() == 45 and steps.nunique() == 45
             token_steps = reader.token_steps(run_id)
             assert token_steps and len(reader.read_tokens(run_id, token_steps[-1])) > 0
             assert len(reader.read_samples(run_id, step=int(steps.max()))) > 0
-        alerts = reader.read_alerts(runs.loc["demo-all", "run_id"])
+        alerts = reader.read_alerts(runs.loc[NAMES[0], "run_id"])
         assert "entropy_collapse" in set(alerts.detector), alerts
         # the collapse is real: entropy of plain GRPO fell by more than 90%
-        ent = reader.read_scalars(runs.loc["demo-all", "run_id"], ["entropy/mean"], downsample=10_000)
+        ent = reader.read_scalars(runs.loc[NAMES[0], "run_id"], ["entropy/mean"], downsample=10_000)
         assert ent.value.iloc[-1] < 0.1 * ent.value.iloc[0]
+        # the summary (printed, and as JSON in the run dir) says what the stored rows say
+        summary = json.loads((tmp_path / ".forksight" / "demo" / "summary.json").read_text())
+        row = {r["name"]: r for r in summary["runs"]}[NAMES[0]]
+        assert row["steps"] == 45 and row["lr"] == 3e-3 and row["label"] == "all · lr 3e-3 (preset's)"
+        assert row["entropy_end"] == pytest.approx(ent.value.iloc[-10:].mean(), abs=1e-4)
+        first_warning = alerts.step[(alerts.detector == "entropy_collapse") & (alerts.severity == "warning")].min()
+        assert row["warning_step"] == first_warning
+    assert "forksight demo: summary" in out and "all · lr 3e-3 (preset's)" in out
     # the demo's collector is gone: nothing left listening
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=1)
@@ -83,7 +95,7 @@ def test_ctrl_c_stops_the_demo_cleanly_and_loses_no_stored_step(tmp_path):
                             text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        names = ("demo-all", "demo-fork", "demo-ict")
+        names = NAMES
         while min(_latest_step(port, n) for n in names) < 3:
             assert proc.poll() is None and time.monotonic() < deadline, "the demo never streamed 3 steps"
             time.sleep(1)
@@ -94,12 +106,13 @@ def test_ctrl_c_stops_the_demo_cleanly_and_loses_no_stored_step(tmp_path):
             proc.kill()
     assert proc.returncode == 0, out[-3000:]
     assert "stopping after the current step" in out
+    assert "forksight demo: summary" in out        # stopped early: the summary of what was trained
     with Store(str(db)) as store:
         runs = store.reader.list_runs().set_index("name")
         for name in names:
             assert runs.loc[name, "status"] == "stopped"
             # what each trainer says it trained is exactly what the store holds
-            log = (tmp_path / ".forksight" / "demo" / f"{name.split('-')[1]}.log").read_text()
+            log = (tmp_path / ".forksight" / "demo" / f"{name}.log").read_text()
             summary = json.loads(next(line for line in log.splitlines() if line.startswith("{")))
             stored = store.reader.read_scalars(runs.loc[name, "run_id"], ["entropy/mean"], downsample=10**6)
             assert stored.step.max() == summary["steps"] and stored.step.nunique() == summary["steps"]
