@@ -54,7 +54,8 @@ class DemoRun:
 
 
 WHY_SLUG = {"common": "common", "sweep's best": "sweep-best", "preset's": "preset", "given": "given"}
-WHY_TEXT = {"common": "the preset's lr, as plain GRPO is usually run: chosen by no sweep",
+WHY_TEXT = {"common": "the preset's lr, as plain GRPO is usually run: a common Adam lr for a model this "
+                      "small (1e-4 to 1e-3), chosen by no sweep",
             "sweep's best": "the lr the strategy sweep chose for it (best held-out pass@8, docs/strategies.json)",
             "preset's": "the preset's lr", "given": "the lr given with --train-arg"}
 
