@@ -140,6 +140,11 @@ def plan_runs(strategies: list[str], args: argparse.Namespace) -> list[DemoRun]:
     return runs
 
 
+def _eval_every(args: argparse.Namespace) -> int | None:
+    """Held-out evaluation interval of every run (None: the preset's own)."""
+    return args.eval_every if args.eval_every is not None else EVAL_EVERY.get(args.preset)
+
+
 def _train_argv(demo_run: DemoRun, args: argparse.Namespace, url: str) -> list[str]:
     argv = [sys.executable, "-m", "forksight", "train", "--preset", args.preset,
             "--strategy", demo_run.strategy, "--seed", str(args.seed),
@@ -147,7 +152,7 @@ def _train_argv(demo_run: DemoRun, args: argparse.Namespace, url: str) -> list[s
     if args.steps is not None:
         argv += ["--steps", str(args.steps)]
     extra: dict[str, str] = {"lr": f"{demo_run.lr:g}"}
-    eval_every = args.eval_every if args.eval_every is not None else EVAL_EVERY.get(args.preset)
+    eval_every = _eval_every(args)
     if eval_every is not None:
         extra["eval_every"] = str(eval_every)
     extra.update(_train_args(args))
@@ -219,10 +224,9 @@ def _report(reader: Reader, plan: list[DemoRun], procs: dict, args: argparse.Nam
     ids = _run_ids(reader, procs)
     rows = [{"name": r.name, "label": r.label, "strategy": r.strategy, "lr": r.lr, "why": r.why,
              "why_text": WHY_TEXT[r.why], "run_id": ids.get(r.name)} for r in plan]
-    eval_every = args.eval_every if args.eval_every is not None else EVAL_EVERY.get(args.preset)
-    meta = {"command": " ".join(["forksight", *sys.argv[1:]]), "preset": args.preset, "seed": args.seed, "lr_mode": args.lr,
-            "steps": args.steps if args.steps is not None else PRESETS[args.preset].get("steps"),
-            "eval_every": eval_every, "train_args": list(args.train_arg),
+    meta = {"command": " ".join(["forksight", *sys.argv[1:]]), "preset": args.preset, "seed": args.seed,
+            "lr_mode": args.lr, "steps": args.steps if args.steps is not None else PRESETS[args.preset].get("steps"),
+            "eval_every": _eval_every(args), "train_args": list(args.train_arg),
             **{k: round(v, 1) for k, v in timing.items()}}
     summary = summarise(reader, rows, meta)
     path = write_summary(summary, args.summary or Path(".forksight") / "demo" / "summary.json")
