@@ -85,3 +85,30 @@ def lake_rows(catalog, name: str, collector: str) -> list[dict]:
 
     table = catalog.load_table(f"forksight.{name}").scan(row_filter=EqualTo("collector", collector)).to_arrow()
     return sort(table.drop_columns(["collector"]), name)
+
+
+def child_patch_env(folder, code: str) -> dict:
+    """Env for a child `forksight serve` that runs `code` at interpreter start (a sitecustomize on its
+    PYTHONPATH): the test seam for what a test must do inside a real collector process."""
+    import os
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(code)
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)}
+
+
+def pause_after_commit_env(folder, seconds: float) -> dict:
+    """A child collector whose committer, after its first Iceberg commit and before the outbox delete,
+    prints 'pausing' and sleeps `seconds` (Committer.after_commit, the seam for a crash there)."""
+    return child_patch_env(folder, f"""
+import sys, time
+from forksight.monitor.lake.committer import Committer
+
+def _pause(self, name, lo, hi):
+    print(f"forksight lake test seam: committed {{name}} {{lo}}-{{hi}}; pausing {seconds} s", file=sys.stderr, flush=True)
+    time.sleep({seconds})
+
+Committer.after_commit = _pause
+""")

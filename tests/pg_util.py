@@ -75,6 +75,38 @@ class PostgresCluster:
         """Stop the server (the data stays: start() again brings it back)."""
         self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "stop")
 
+    def processes(self) -> list[int]:
+        """The postmaster's pid and its children's (every backend, the checkpointer, ...)."""
+        top = int((self.data / "postmaster.pid").read_text().split()[0])
+        pids = [top]
+        for stat in glob.glob("/proc/[0-9]*/stat"):
+            try:
+                fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == top:
+                pids.append(int(stat.split("/")[2]))
+        return pids
+
+    def freeze(self) -> list[int]:
+        """SIGSTOP every process of the cluster: a hung database (connections open, nothing answers)."""
+        import signal
+
+        pids = self.processes()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        return pids
+
+    def thaw(self, pids: list[int]) -> None:
+        """SIGCONT what freeze() stopped."""
+        import signal
+
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
     def running(self) -> bool:
         return (self.data / "postmaster.pid").exists()
 

@@ -118,7 +118,7 @@ def test_a_bad_lake_uri_is_refused_at_start_saying_what_and_how(tmp_path):
               "--lake-warehouse", str(tmp_path / "wh")): "cannot use the lake catalog",
              ("--lake-catalog", f"sqlite:///{tmp_path}/c.db"): "needs --lake-warehouse",
              ("--lake-warehouse", str(tmp_path / "wh")): "need --lake-catalog URI",
-             (*_lake_args(tmp_path), "--lake-commit-rows", "0"): "--lake-commit-rows must be >= 1",
+             (*_lake_args(tmp_path), "--lake-commit-rows", "0"): "--lake-commit-rows must be greater than or equal to 1 (got 0)",
              (*_lake_args(tmp_path), "--collector-id", "a/b"): "--collector-id 'a/b'"}
     for args, said in cases.items():
         done = _serve_fails(tmp_path, *args)

@@ -14,12 +14,11 @@ pytest.importorskip("pyiceberg", reason="the lake needs the `lake` extra: pip in
 
 from collector_util import ServeProcess  # noqa: E402
 from lake_util import (  # noqa: E402
-    STEP_TABLES, batch, create_run, duck_rows, lake_rows, post, rows_of, wait_drained,
+    STEP_TABLES, batch, create_run, duck_rows, lake_rows, pause_after_commit_env, post, rows_of, wait_drained,
 )
 from pg_util import PostgresCluster, postgres_or_skip  # noqa: E402
 
 from forksight.monitor.lake.catalog import open_catalog  # noqa: E402
-from forksight.monitor.lake.committer import PAUSE_ENV  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +65,7 @@ def test_two_collectors_one_killed_mid_commit_every_row_once(pg, tmp_path):
             for t, n in rows_of(body).items():
                 sent[collector][t] += n
 
-    east = _serve(dbs["east"], url, wh, "east", env={PAUSE_ENV: "120"}).start()
+    east = _serve(dbs["east"], url, wh, "east", env=pause_after_commit_env(tmp_path / "seam", 120)).start()
     west = _serve(dbs["west"], url, wh, "west").start()
     try:
         # both collectors name their run "same": in the lake they stay two runs, (collector, run_id)
@@ -124,3 +123,65 @@ def test_catalog_down_ingest_goes_on_health_degraded_then_the_backlog_drains(pg,
             pg.start()
         wait_drained(srv.url, timeout=90)
     _assert_lake_equals_duckdb(url, wh, {"solo": db}, {"solo": sent})
+
+
+def test_a_hung_catalog_is_seen_as_stalled_survived_and_every_row_lands_once(pg, tmp_path):
+    """PostgreSQL's processes SIGSTOPped (a hung database: connections stay open, nothing answers): within the
+    call deadline /api/health/lake says `stalled` (503) with the seconds since the last commit and the backlog,
+    ingest keeps acknowledging, and after SIGCONT every acknowledged row lands exactly once. The timeline is
+    printed (pytest -s) for the issue's report."""
+    url, wh, db = pg.database("hung"), tmp_path / "wh", str(tmp_path / "h.duckdb")
+    sent = {t: 0 for t in STEP_TABLES}
+    deadline = 4.0
+    t0 = time.monotonic()
+    timeline: list[tuple[float, str]] = []
+
+    def mark(what: str) -> None:
+        timeline.append((round(time.monotonic() - t0, 1), what))
+
+    def send(srv, run, steps) -> dict:
+        added = {t: 0 for t in STEP_TABLES}
+        for step in steps:
+            body = batch(step, tokens=50)
+            post(srv.url, run, body)                        # raises unless acknowledged
+            for t, n in rows_of(body).items():
+                added[t] += n
+                sent[t] += n
+        return added
+
+    srv = ServeProcess(db, args=("--lake-catalog", url, "--lake-warehouse", str(wh), "--collector-id", "hung",
+                                 "--lake-commit-seconds", "0.5", "--lake-commit-rows", "200",
+                                 "--lake-call-deadline", str(deadline))).start()
+    try:
+        run = create_run(srv.url, "r")
+        send(srv, run, range(5))
+        wait_drained(srv.url)
+        stopped = pg.freeze()
+        t0 = time.monotonic()
+        mark("PostgreSQL SIGSTOPped")
+        try:
+            waiting = send(srv, run, range(5, 15))
+            mark("10 batches acknowledged while it hangs")
+            _wait_for(lambda: httpx.get(srv.url + "/api/health/lake").status_code == 503, "health 503",
+                      timeout=4 * deadline + 10)
+            mark("/api/health/lake 503 stalled")
+            lake = httpx.get(srv.url + "/api/health/lake").json()
+            assert lake["state"] == "stalled" and "did not answer" in lake["error"]
+            assert lake["seconds_since_commit"] >= timeline[-1][0] - 1
+            assert lake["backlog_rows"] == waiting
+            assert httpx.get(srv.url + "/api/health").json()["status"] == "degraded"      # ingest itself is fine
+            send(srv, run, range(15, 18))
+            mark("3 more batches acknowledged while stalled")
+            time.sleep(3 * deadline)                        # retried with backoff meanwhile, each abandoned
+            assert httpx.get(srv.url + "/api/health/lake").json()["state"] == "stalled"
+            mark("still stalled after 3 more deadlines")
+        finally:
+            pg.thaw(stopped)
+            mark("PostgreSQL SIGCONTinued")
+        wait_drained(srv.url, timeout=120)
+        mark("backlog 0, health ok: every row landed")
+    finally:
+        srv.stop()
+    _assert_lake_equals_duckdb(url, wh, {"hung": db}, {"hung": sent})
+    print("stall timeline (s since the SIGSTOP):", timeline)
+    assert "abandoned" in srv.log() or "did not answer" in srv.log()

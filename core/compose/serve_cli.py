@@ -52,6 +52,9 @@ def add_parser(subparsers) -> None:
                       help="commit a table once this many rows wait (default 500000)")
     lake.add_argument("--lake-commit-seconds", type=float, default=None, metavar="S",
                       help="... or once its oldest waiting rows are this old (default 30)")
+    lake.add_argument("--lake-call-deadline", type=float, default=None, metavar="S",
+                      help="a catalog call (a commit) that takes longer is abandoned and retried, and "
+                      "/api/health/lake says 'stalled' (default 60)")
     lake.add_argument("--collector-id", default=None, metavar="ID",
                       help="this collector's name in the lake (default: stored in the DuckDB file, first "
                       "made from the host name); unique per collector writing one lake")
@@ -89,7 +92,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 2
     try:
-        catalog = _lake_catalog(args)        # before the file: a wrong URI leaves nothing behind
+        lake_settings, catalog = _lake_catalog(args)     # before the file: a wrong URI leaves nothing behind
     except RuntimeError as exc:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 2
@@ -110,7 +113,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 1
     try:
-        lake = _start_lake(args, store, catalog)
+        lake = _start_lake(lake_settings, store, catalog)
     except RuntimeError as exc:
         store.close()
         print(f"forksight serve: {exc}", file=sys.stderr)
@@ -193,42 +196,36 @@ def _stop_quietly_on_sigterm():
 
 
 def _lake_catalog(args: argparse.Namespace):
-    """The lake's catalog, reached and checked now (None without --lake-catalog); LakeError says why not."""
+    """(the lake's settings, its catalog reached and checked now), (None, None) without --lake-catalog;
+    LakeError says why not, with no secret in it."""
     if args.lake_catalog is None:
         if args.lake_warehouse or args.lake_commit_rows is not None or args.lake_commit_seconds is not None \
-                or args.collector_id or args.lake_option:
-            raise RuntimeError("--lake-warehouse, --lake-option, --lake-commit-* and --collector-id need "
-                               "--lake-catalog URI")
-        return None
+                or args.collector_id or args.lake_option or args.lake_call_deadline is not None:
+            raise RuntimeError("--lake-warehouse, --lake-option, --lake-commit-*, --lake-call-deadline and "
+                               "--collector-id need --lake-catalog URI")
+        return None, None
     if not args.lake_warehouse:
         raise RuntimeError("--lake-catalog needs --lake-warehouse LOCATION (a directory, s3://... or gs://...)")
-    from forksight.monitor.lake.catalog import open_catalog
-    from forksight.monitor.lake.outbox import COLLECTOR_ID_RE
+    from forksight.monitor.lake.settings import LakeSettings
 
-    if (args.lake_commit_rows is not None and args.lake_commit_rows < 1) or \
-            (args.lake_commit_seconds is not None and not args.lake_commit_seconds > 0):
-        raise RuntimeError(f"--lake-commit-rows must be >= 1 and --lake-commit-seconds > 0 "
-                           f"(got {args.lake_commit_rows} and {args.lake_commit_seconds})")
-    if args.collector_id is not None and not COLLECTOR_ID_RE.match(args.collector_id):
-        raise RuntimeError(f"--collector-id {args.collector_id!r}: use 1-64 letters, digits, . _ - (starting "
-                           "with a letter or digit), e.g. the host's name")
-
-    return open_catalog(args.lake_catalog, args.lake_warehouse, properties=dict(args.lake_option))
+    settings = LakeSettings.of(catalog=args.lake_catalog, warehouse=args.lake_warehouse,
+                               options=dict(args.lake_option), collector_id=args.collector_id,
+                               commit_rows=args.lake_commit_rows, commit_seconds=args.lake_commit_seconds,
+                               call_deadline_s=args.lake_call_deadline)
+    return settings, settings.open_catalog()
 
 
-def _start_lake(args: argparse.Namespace, store, catalog):
+def _start_lake(settings, store, catalog):
     """The lake's committer over `store` (None without a catalog)."""
     if catalog is None:
         return None
-    from forksight.monitor.lake.catalog import redact_options
-    from forksight.monitor.lake.service import DEFAULT_COMMIT_ROWS, DEFAULT_COMMIT_SECONDS, start_lake
+    from forksight.monitor.lake.service import start_lake_with
 
-    lake = start_lake(store, catalog, uri=args.lake_catalog, warehouse=args.lake_warehouse,
-                      collector_id=args.collector_id, commit_rows=args.lake_commit_rows or DEFAULT_COMMIT_ROWS,
-                      commit_seconds=args.lake_commit_seconds or DEFAULT_COMMIT_SECONDS)
-    options = f", options {redact_options(dict(args.lake_option))}" if args.lake_option else ""
-    print(f"forksight lake: collector {lake.collector} commits to {lake.uri} ({args.lake_warehouse}{options})",
-          flush=True)
+    lake = start_lake_with(settings, store, catalog)
+    shown = settings.shown()
+    options = f", options {shown['options']}" if shown["options"] else ""
+    print(f"forksight lake: collector {lake.collector} commits to {shown['catalog']} ({settings.warehouse}"
+          f"{options}; a catalog call past {settings.call_deadline_s:g} s is abandoned)", flush=True)
     return lake
 
 

@@ -101,9 +101,7 @@ class ForksightCallback(TrainerCallback):
         try:
             self._install(trainer, accel)
         except ValueError:          # a bad argument: said to the caller, with nothing left open
-            self._uninstall()
-            if self._sink_arg is None:
-                self.sink.finish(status="failed")
+            self.detach(status="failed")
             raise
         except Exception as exc:  # noqa: BLE001 - never break the user's run
             self.mode = None
@@ -380,13 +378,13 @@ class ForksightCallback(TrainerCallback):
             self.handle.detach(finish=False)
             self.handle = None
 
-    def detach(self, finish: bool | None = None) -> None:
+    def detach(self, finish: bool | None = None, status: str = "finished") -> None:
         """Remove hooks and patches, leave the trainer as it was; finish the sink if we opened it."""
         self._uninstall()
         if self.trainer is not None and self in self.trainer.callback_handler.callbacks:
             self.trainer.remove_callback(self)
         if self.sink is not None and (self._sink_arg is None if finish is None else finish):
-            self.sink.finish()
+            self.sink.finish(status)
 
 
 def attach(trainer, db: str | None = None, url: str | None = None, run: str | None = None, *,

@@ -13,7 +13,9 @@ CATALOG_NAME = "forksight"
 CONNECT_TIMEOUT_S = 5
 EXAMPLES = "e.g. postgresql+psycopg2://user:password@host:5432/db, sqlite:////var/lib/forksight/catalog.db " \
            "or https://iceberg-rest.example.com"
-SECRET_WORDS = ("secret", "password", "token", "key")
+# a property whose name holds one of these is a secret: pyiceberg's REST `credential` (client_id:secret),
+# `token`, auth.* and header.Authorization, every FileIO's *secret*/*key*/*token* (s3, gcs, adls sas)
+SECRET_WORDS = ("secret", "password", "token", "key", "credential", "auth", "sas", "signature", "private")
 NOT_SECRET = ("access-key-id",)      # names who signs, like a user name: shown so a wrong one can be seen
 
 
@@ -64,6 +66,11 @@ def open_catalog(uri: str, warehouse: str, *, check: bool = True, properties: di
         import pyiceberg  # noqa: F401
     except ImportError:
         raise LakeError("the lake needs pyiceberg: pip install 'forksight[lake]'") from None
+    try:         # the tables' partition transform (truncate) runs in it: without it every commit fails
+        import pyiceberg_core  # noqa: F401
+    except ImportError:
+        raise LakeError("the lake needs pyiceberg-core (its partition transforms; without it no commit can "
+                        "land): pip install 'forksight[lake]'") from None
     extra = dict(properties or {})
     scheme = urlparse(uri).scheme.lower() if uri else ""
     rest = scheme in ("http", "https")

@@ -8,14 +8,14 @@ from __future__ import annotations
 import logging
 import os
 import random
-import sys
 import threading
 import time
 
 from forksight.monitor.lake.catalog import redact
 from forksight.monitor.lake.outbox import Outbox, backlog
-from forksight.monitor.lake.schema import STEP_TABLES
+from forksight.monitor.lake.schema import LAKE_TABLES, STEP_TABLES
 from forksight.monitor.lake.writer import LakeWriter
+from forksight.monitor.lake.writer_process import CatalogStalled
 
 log = logging.getLogger("forksight.lake")
 
@@ -23,7 +23,7 @@ POLL_S = 0.5             # how often the outbox is looked at
 MAX_BACKOFF_S = 30.0     # a catalog that is down is asked again at most this far apart
 STOP_DRAIN_S = 30.0      # stop() drains the whole backlog for at most this long
 NICE = 10                # the committer thread's OS priority: below ingest's (Linux: a per-thread nice)
-PAUSE_ENV = "FORKSIGHT_LAKE_PAUSE_AFTER_COMMIT"   # tests: seconds to sleep between the commit and the delete
+EXPIRE_EVERY_S = 3600.0  # how often the committer expires each table's snapshots past its max age
 
 
 def _lower_priority() -> None:
@@ -39,13 +39,19 @@ class Committer:
     """Drains `outbox` into `catalog` in batches of `commit_rows` rows or every `commit_seconds`."""
 
     def __init__(self, store, outbox: Outbox, catalog, *, uri: str, warehouse: str,
-                 commit_rows: int, commit_seconds: float, writer=None):
+                 commit_rows: int, commit_seconds: float, writer=None, options: dict | None = None,
+                 expire_every_s: float = EXPIRE_EVERY_S):
         """writer: where the Iceberg commits run (LakeWriter: this thread; writer_process.ProcessWriter:
-        a child process); default this thread."""
+        a child process); default this thread. options: the catalog options as they may be shown."""
         self.store, self.outbox, self.catalog = store, outbox, catalog
         self.collector = outbox.collector_id
         self.writer = writer or LakeWriter(catalog, self.collector)
-        self.uri, self.warehouse = redact(uri), warehouse
+        self.uri, self.warehouse, self.options = redact(uri), warehouse, dict(options or {})
+        self.expire_every_s = expire_every_s
+        self._next_expire = time.monotonic() + min(60.0, expire_every_s)   # not in the start's way
+        self._data_runs: set[str] = set()     # runs whose rows landed since the last sync: their row too
+        self._stalled = False
+        self._started = time.time()
         self.commit_rows, self.commit_seconds = commit_rows, commit_seconds
         self._first_seen: dict[str, float] = {}
         self._synced = dict(((r, (a, b)) for r, a, b in store.call(
@@ -115,10 +121,12 @@ class Committer:
                 log.warning("lake: commit failed, the backlog waits in DuckDB: %s", exc)
             self._error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
             self._failing_since = self._failing_since or time.time()
+            # stalled until a commit goes through (a new writer's connect timing out is the same stall)
+            self._stalled = self._stalled or isinstance(exc, CatalogStalled)
             return False
         if self._error is not None:
             log.warning("lake: committing again after %.0f s", time.time() - (self._failing_since or time.time()))
-        self._error, self._failing_since = None, None
+        self._error, self._failing_since, self._stalled = None, None, False
         return True
 
     def cycle(self, force: bool = False) -> bool:
@@ -136,6 +144,8 @@ class Committer:
             if force or time.monotonic() - self._last_sync >= self.commit_seconds:
                 self._sync_state(cur)
                 self._last_sync = time.monotonic()
+            if not force and time.monotonic() >= self._next_expire:
+                self._expire()
             return busy
         finally:
             cur.close()
@@ -162,26 +172,48 @@ class Committer:
             if rows >= self.commit_rows:
                 break
         lo, hi = take[0], take[-1]
-        appended = self.writer.append(name, self.outbox.rows(cur, name, lo, hi), lo, hi)
-        pause = float(os.environ.get(PAUSE_ENV) or 0)
-        if pause:
-            print(f"forksight lake: committed {name} {lo}-{hi}; pausing {pause} s before the outbox delete",
-                  file=sys.stderr, flush=True)
-            time.sleep(pause)
+        rows = self.outbox.rows(cur, name, lo, hi)
+        appended = self.writer.append(name, rows, lo, hi)
+        self._data_runs.update(rows["run_id"].unique().to_pylist())
+        self.after_commit(name, lo, hi)
         self.outbox.drop(name, hi)
         self._committed[name] = self._committed.get(name, 0) + appended
         self._last_commit = time.time()
         self._first_seen[name] = time.monotonic()
         return True
 
-    # -- runs and alerts: overwritten per changed run (idempotent, so a crash just repeats it)
+    def after_commit(self, name: str, lo: int, hi: int) -> None:
+        """Test seam: called between a commit and its outbox delete (a crash there must not commit twice)."""
+
+    def _expire(self) -> None:
+        """Each table's snapshots past its max age (history.expire.max-snapshot-age-ms), on this schedule:
+        a failure is logged and tried at the next turn, never in the commits' way."""
+        self._next_expire = time.monotonic() + self.expire_every_s
+        for name in LAKE_TABLES:
+            try:
+                n = self.writer.expire(name)
+            except CatalogStalled:
+                raise
+            except Exception as exc:  # noqa: BLE001 - e.g. a conflict with another collector's expiry
+                log.info("lake: expiring %s's old snapshots failed (%s); next time", name, exc)
+                continue
+            if n:
+                log.info("lake: expired %d old snapshots of %s", n, name)
+
+    # -- runs and alerts: overwritten per changed run (idempotent, so a crash just repeats it). A run's
+    # row counts as changed when anything but its heartbeat changed, or its rows landed since the last sync
+    # (the heartbeat alone, every 30 s of a live run, would make a snapshot per commit cycle)
     def _sync_state(self, cur) -> None:
-        runs = dict(cur.execute("SELECT run_id, hash(r)::VARCHAR FROM runs r").fetchall())
+        from forksight.base.tables import RUNS
+
+        cols = ", ".join(c for c in RUNS.names if c != "heartbeat")
+        runs = dict(cur.execute(f"SELECT run_id, hash(row({cols}))::VARCHAR FROM runs").fetchall())
+        landed = set(self._data_runs)
         alerts = dict(cur.execute("SELECT run_id, sum(hash(a))::VARCHAR FROM alerts a GROUP BY run_id").fetchall())
         changed: dict[str, list[str]] = {"runs": [], "alerts": []}
         for run_id in runs.keys() | alerts.keys():
             old = self._synced.get(run_id, (None, None))
-            if runs.get(run_id) != old[0]:
+            if runs.get(run_id) != old[0] or (run_id in landed and run_id in runs):
                 changed["runs"].append(run_id)
             if alerts.get(run_id) != old[1]:
                 changed["alerts"].append(run_id)
@@ -199,6 +231,7 @@ class Committer:
                 c.executemany("INSERT OR REPLACE INTO lake_synced VALUES (?, ?, ?)", synced)
             self.store.submit(keep).result()
             self._synced.update({i: (r, a) for i, r, a in synced})
+        self._data_runs -= landed
 
     # -- health
     def health(self) -> dict:
@@ -211,8 +244,12 @@ class Committer:
                 cur.close()
         except Exception:  # noqa: BLE001 - a store that cannot be read: its own health says why
             rows = {}
-        return {"state": "degraded" if self._error else "ok", "collector_id": self.collector,
-                "catalog": self.uri, "warehouse": self.warehouse, "backlog_rows": rows,
+        last = self._last_commit
+        return {"state": "stalled" if self._stalled else "degraded" if self._error else "ok",
+                "collector_id": self.collector, "catalog": self.uri, "warehouse": self.warehouse,
+                "options": self.options, "backlog_rows": rows,
+                "seconds_since_commit": round(time.time() - (last or self._started), 1),
+                "call_deadline_s": getattr(self.writer, "deadline", None),
                 "backlog_total": sum(rows.values()), "error": self._error, "failing_since": self._failing_since,
                 "last_commit_at": self._last_commit, "committed_rows": dict(self._committed),
                 "commit_rows": self.commit_rows, "commit_seconds": self.commit_seconds}

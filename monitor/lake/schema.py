@@ -15,6 +15,12 @@ COLLECTOR = "collector"            # the one column the lake adds
 # a read of one step decodes the few groups whose step range holds it, not the whole file
 ROW_GROUP_ROWS = 16_384
 ROW_GROUP_PROP = "write.parquet.row-group-limit"
+# retention on every table, so a collector left running for months keeps bounded metadata: the committer
+# expires snapshots older than the table's max age on its own schedule (an operator may change the property
+# per table), and each commit deletes metadata files past the last PREVIOUS_VERSIONS
+RETENTION = {"history.expire.max-snapshot-age-ms": str(24 * 3600 * 1000),
+             "history.expire.min-snapshots-to-keep": "1",
+             "write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "20"}
 STEP_BLOCK = 1000                  # steps per partition: a read of a step range touches its blocks only
 STEP_TABLES = (SCALARS, TOKENS, SAMPLES, HISTOGRAMS, PROBES)     # appended from the outbox
 STATE_TABLES = (RUNS, ALERTS)                            # overwritten per changed run
@@ -66,12 +72,13 @@ def ensure_table(catalog, spec: Table):
     """Create the table if missing; add the spec's columns the lake lacks; LakeError naming the
     table and column when a lake column's type cannot hold the spec's."""
     schema = iceberg_schema(spec)
-    props = {ROW_GROUP_PROP: str(ROW_GROUP_ROWS)} if spec in STEP_TABLES else {}
+    props = ({ROW_GROUP_PROP: str(ROW_GROUP_ROWS)} if spec in STEP_TABLES else {}) | RETENTION
     table = catalog.create_table_if_not_exists(identifier(spec.name), schema=schema,
                                                partition_spec=partition_spec(spec, schema), properties=props)
-    if props and ROW_GROUP_PROP not in table.properties:     # a lake created by an older forksight
+    unset = {k: v for k, v in props.items() if k not in table.properties}
+    if unset:             # a lake created by an older forksight (a value set by an operator stays)
         with table.transaction() as tx:
-            tx.set_properties(props)
+            tx.set_properties(unset)
     current = {f.name: f for f in table.schema().fields}
     missing = []
     for column in (COLLECTOR, *spec.names):

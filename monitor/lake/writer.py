@@ -80,6 +80,20 @@ class LakeWriter:
             data, overwrite_filter=where, snapshot_properties={PROP_COLLECTOR: self.collector}),
             lambda t: False)
 
+    def expire(self, name: str) -> int:
+        """Expire `name`'s snapshots older than its history.expire.max-snapshot-age-ms (the current one
+        stays; the watermark lives in a property, so no commit is forgotten); snapshots expired."""
+        from datetime import datetime, timezone
+
+        from forksight.monitor.lake.maintenance import expire_table
+        from forksight.monitor.lake.schema import RETENTION
+
+        table = self.catalog.load_table(identifier(name))
+        key = "history.expire.max-snapshot-age-ms"
+        age_ms = int(table.properties.get(key, RETENTION[key]))
+        older = datetime.fromtimestamp(time.time() - age_ms / 1000, timezone.utc)
+        return expire_table(table, older)["snapshots_expired"]
+
     def close(self) -> None:
         pass
 

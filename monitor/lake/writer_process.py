@@ -18,10 +18,15 @@ from multiprocessing.connection import Connection
 log = logging.getLogger("forksight.lake")
 CHILD_NICE = 10      # a tenth of a nice-0 process's share under contention: yields, never starves
 START_TIMEOUT_S = 120.0
+START_MIN_S = 20.0
 
 
 class RemoteError(RuntimeError):
     """A commit failed in the child: its exception's type and message."""
+
+
+class CatalogStalled(RemoteError):
+    """The catalog did not answer within the deadline: the child was killed (a new one serves the next call)."""
 
 
 def _die_with_parent() -> None:
@@ -70,9 +75,12 @@ def _child(conn) -> None:
 class ProcessWriter:
     """LakeWriter's methods, run in a child process (one call at a time)."""
 
-    def __init__(self, catalog, collector: str):
+    def __init__(self, catalog, collector: str, deadline: float | None = None):
+        """deadline: seconds one call (a commit, a load) may take before the child is killed and the call
+        fails with CatalogStalled (a hung database answers nothing, ever); None: no deadline."""
         cls = type(catalog)
         self._args = (f"{cls.__module__}.{cls.__qualname__}", catalog.name, dict(catalog.properties), collector)
+        self.deadline = deadline
         self._lock = threading.Lock()
         self._spawn()
 
@@ -85,9 +93,12 @@ class ProcessWriter:
                                           pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         self._conn = Connection(mine.detach())
         self._conn.send(self._args)
-        if not self._conn.poll(START_TIMEOUT_S):
+        # the start imports pyiceberg (seconds) and opens the catalog: never less than START_MIN_S
+        wait = START_TIMEOUT_S if self.deadline is None else max(self.deadline, START_MIN_S)
+        if not self._conn.poll(wait):
             self._proc.kill()
-            raise RemoteError(f"the lake writer process did not start within {START_TIMEOUT_S:.0f} s")
+            self._proc.wait(5)
+            raise CatalogStalled(f"the lake writer process did not open the catalog within {wait:.0f} s")
         self._answer(self._conn.recv())
 
     @staticmethod
@@ -104,6 +115,11 @@ class ProcessWriter:
                 self._conn.close()
                 self._spawn()
             self._conn.send((method, args))
+            if self.deadline is not None and not self._conn.poll(self.deadline):
+                self._proc.kill()         # abandoned: a commit under way lands whole or not at all
+                self._proc.wait(5)
+                raise CatalogStalled(f"the catalog did not answer {method} within {self.deadline:g} s; the "
+                                     "writer process was replaced, the rows wait in the outbox")
             try:
                 return self._answer(self._conn.recv())
             except EOFError:
@@ -117,6 +133,9 @@ class ProcessWriter:
 
     def overwrite(self, name: str, rows, run_ids: list[str]) -> None:
         return self._call("overwrite", name, rows, run_ids)
+
+    def expire(self, name: str) -> int:
+        return self._call("expire", name)
 
     def close(self) -> None:
         with self._lock:
