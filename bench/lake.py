@@ -219,7 +219,7 @@ def main() -> int:
                 plain_s.append(ingest(store, data)[1])
             say(f"ingest round {rep + 1}/{args.repeats}: outbox filled, no committer")
             with Store(str(root / f"outbox{rep}.duckdb")) as store:
-                store.lake_outbox = Outbox(store, COLLECTOR)      # what start_lake attaches, minus the thread
+                store.attach_lake(Outbox(store, COLLECTOR))      # what start_lake attaches, minus the thread
                 outbox_s.append(ingest(store, data)[1])
             say(f"ingest round {rep + 1}/{args.repeats}: with the lake (outbox and committer)")
             uri, wh = f"sqlite:///{root}/catalog{rep}.db", str(root / f"wh{rep}")

@@ -245,7 +245,8 @@ def _write_scalars(local, batch_no: int, n: int) -> None:
 def test_stop_drains_the_whole_backlog_and_says_what_a_short_timeout_left(local, caplog):
     from forksight.monitor.lake.outbox import Outbox
 
-    local.store.lake_outbox = outbox = Outbox(local.store, "c")      # filled before any committer runs
+    outbox = Outbox(local.store, "c")
+    local.store.attach_lake(outbox)      # filled before any committer runs
     for b in range(6):                                                # 6 entries of 8 rows: 6 commits of 8 rows
         _write_scalars(local, b, 8)
 
@@ -271,7 +272,8 @@ def test_new_entries_hold_no_rows_and_an_older_forksights_blob_entries_still_rea
     from forksight.monitor.lake.outbox import SEQ, Outbox, _encode
 
     store, run = local.store, local.run
-    store.lake_outbox = outbox = Outbox(store, "c")
+    outbox = Outbox(store, "c")
+    store.attach_lake(outbox)
     _write_scalars(local, 0, 6)
     # an entry as the blob outbox wrote it: its rows only in the blob, not in the table
     old = scalars_table([{"step": 100 + s, "key": "old", "value": -s / 8} for s in range(3)])

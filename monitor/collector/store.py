@@ -24,6 +24,7 @@ from forksight.monitor.collector.store_health import StoreHealth
 from forksight.monitor.collector.reader import STALE_AFTER_S, Reader
 from forksight.monitor.collector.rollups import roll_up
 from forksight.base.tables import DATA_TABLES
+from forksight.monitor.collector.store_health import LakeOutbox
 
 log = logging.getLogger("forksight.store")
 
@@ -101,12 +102,15 @@ class Store(StoreHealth):
         self._keys: dict[str, set[str]] = {}     # scalar keys known to be in scalar_keys, per run
         self._on_close: list[Callable[[], None]] = []
         self._closed = False
-        # the lake's outbox (forksight.monitor.lake.outbox.Outbox): tag(table, run_id, rows) numbers each
-        # table's rows before they are inserted, put(cur, entries) records them, in the write's transaction
-        self.lake_outbox: Any = None
+        self.lake_outbox: LakeOutbox | None = None     # attach_lake's; read-only from outside
         self._wcur = self._conn.cursor()
         self._thread = threading.Thread(target=self._run, name="forksight-store-writer", daemon=True)
         self._thread.start()
+
+    def attach_lake(self, outbox: "LakeOutbox", health: Callable[[], dict] | None = None) -> None:
+        """The lake's declared hook (forksight.monitor.lake): every later write's rows are numbered by
+        outbox.tag and recorded by outbox.put in the write's own transaction; health() joins /api/health."""
+        self.lake_outbox, self.lake_health = outbox, health
 
     # -- public write API (each returns at once; the writer thread does the work)
     def write(self, run_id: str, records: Records, batch_id: str | None = None, *,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Protocol
 
 from forksight.monitor.collector.dbfile import connect
 from forksight.monitor.collector.faults import LOW_SPACE, Fault, StoreUnavailable, free_bytes
@@ -29,11 +30,21 @@ class _Closed:
         pass
 
 
+class LakeOutbox(Protocol):
+    """What a lake attaches to the store (Store.attach_lake); both run on the writer thread, inside the write."""
+
+    def tag(self, table: str, run_id: str, data) -> tuple[dict, list | None]:
+        """(SQL constants for every inserted row, the outbox entry to put, or None for a table not kept)."""
+
+    def put(self, cur, entries: list[list]) -> None:
+        """Record the write group's entries in its transaction."""
+
+
 class StoreHealth:
     """Mixed into Store: needs path, reader, _conn, _wcur, _config, _ledger, _fault, _tried,
     _closed, submit and call."""
 
-    lake_health = None     # set by the lake (forksight.monitor.lake): () -> its state, for /api/health
+    lake_health = None     # Store.attach_lake's: () -> the lake's state, for /api/health
 
     # -- the store's health: the row ledger (monitor/collector/ledger.py) and storage faults
     @property

@@ -6,11 +6,10 @@ that step's rows from the lake (docs/lake.md, "Reads")."""
 from __future__ import annotations
 
 from forksight.monitor.lake.errors import LakeError
-from forksight.monitor.lake.outbox import outbox_table
+from forksight.monitor.lake.outbox import MOVED, outbox_table
 from forksight.monitor.lake.run_views import plan_files
 from forksight.monitor.lake.schema import COLLECTOR, identifier
 
-MOVED = "lake_token_steps"
 MOVED_DDL = f"CREATE TABLE IF NOT EXISTS {MOVED} (run_id VARCHAR, step BIGINT, rows BIGINT, PRIMARY KEY (run_id, step));"
 
 

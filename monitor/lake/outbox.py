@@ -23,6 +23,7 @@ COLLECTOR_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _IPC = ipc.IpcWriteOptions(compression="lz4")
 _STEP_NAMES = frozenset(s.name for s in STEP_TABLES)
 ENTRIES_PER_INSERT = 64
+MOVED = "lake_token_steps"    # the token steps `compact --to-lake` moved out of the file (move_tokens.py)
 
 
 def outbox_table(name: str) -> str:
@@ -122,9 +123,8 @@ class Outbox:
         if wanted is not None and not COLLECTOR_ID_RE.match(wanted):
             raise LakeError(f"--collector-id {wanted!r}: use 1-64 letters, digits, . _ - (starting with a letter "
                             "or digit), e.g. the host's name")
-        if wanted is not None and stored is not None and wanted != stored and sum(backlog(cur).values()):
-            raise LakeError(f"this DuckDB file's lake backlog was written as collector {stored!r}; start with "
-                            f"--collector-id {stored} until it has drained (GET /api/health/lake), then change it")
+        if wanted is not None and stored is not None and wanted != stored:
+            _refuse_new_id(cur, stored, wanted)
         collector = wanted or stored or f"{_host_slug()}-{uuid.uuid4().hex[:8]}"
         _set_state(cur, "collector_id", collector)
         top = max(int(_state(cur, "seq_floor") or 0),
@@ -190,6 +190,23 @@ class Outbox:
                 raise
             return n
         return self.store.submit(delete).result()
+
+
+def _refuse_new_id(cur, stored: str, wanted: str) -> None:
+    """LakeError when this file has a history in the lake under `stored`: its runs, alerts and moved token
+    steps are the lake's rows of collector `stored`, and a new id would show them twice (name@stored
+    beside the new id's) and read the moved steps empty. A file that never wrote to the lake may change."""
+    waiting = sum(backlog(cur).values())
+    synced = cur.execute("SELECT count(*) FROM lake_synced").fetchall()[0][0]
+    has_moved = cur.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
+                            [MOVED]).fetchall()[0][0]
+    moved = cur.execute(f"SELECT count(*) FROM {MOVED}").fetchall()[0][0] if has_moved else 0
+    floor = int(_state(cur, "seq_floor") or 0)
+    if waiting or synced or moved or floor:
+        raise LakeError(f"--collector-id {wanted}: this DuckDB file's runs are in the lake as collector {stored!r} "
+                        f"({synced} runs synced, {waiting} rows waiting, {moved} token steps moved to the lake); "
+                        f"a new id would list them twice and lose the moved steps. Start with --collector-id "
+                        f"{stored} (or without --collector-id), or start the new id on a new --db file")
 
 
 def _host_slug() -> str:

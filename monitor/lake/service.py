@@ -49,7 +49,6 @@ def start_lake(store, catalog, *, uri: str, warehouse: str, collector_id: str | 
         committer.writer.close()
         raise LakeError(f"cannot read the lake's committed ranges ({type(exc).__name__}: {exc}); "
                         "check the catalog is reachable") from None
-    store.lake_outbox = outbox
-    store.lake_health = committer.health
+    store.attach_lake(outbox, committer.health)
     committer.start()
     return committer
