@@ -111,9 +111,16 @@ class Collector:
                  dashboard: bool = True):
         import uvicorn
 
+        from forksight.compose.stack import CollectorParts
+
         check_bind(host, token)
-        self.store = Store(db)
-        self.app = create_app(self.store, token=token, dashboard=dashboard)
+        self.parts = CollectorParts(db)         # the same order of start and stop as `forksight serve`
+        self.store = self.parts.store
+        try:
+            self.app = create_app(self.store, token=token, dashboard=dashboard, lake=self.parts.lake)
+        except BaseException:
+            self.parts.close()
+            raise
         self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host or '127.0.0.1'}:{port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning",
                                                     access_log=False, timeout_graceful_shutdown=5))
@@ -124,7 +131,7 @@ class Collector:
         deadline = time.monotonic() + timeout
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
-                self.store.close()
+                self.parts.close()
                 raise RuntimeError(f"the embedded collector could not start on {self.url} (port in use?)")
             time.sleep(0.02)
         return self
@@ -133,7 +140,7 @@ class Collector:
         """Stop serving, then write what is queued and close the DuckDB file."""
         self.server.should_exit = True
         self.thread.join(timeout=10)
-        self.store.close()
+        self.parts.close()
 
 
 def serve(db: str, host: str = "127.0.0.1", port: int = 8050, token: str | None = None,

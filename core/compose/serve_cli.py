@@ -73,9 +73,9 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from forksight.compose.app import create_app
+    from forksight.compose.stack import CollectorParts
     from forksight.monitor.collector.guard import check_bind
     from forksight.monitor.collector.dbfile import duckdb_config
-    from forksight.monitor.collector.store import Store
 
     from forksight.base.env import token_or_env
 
@@ -107,23 +107,20 @@ def run_serve(args: argparse.Namespace) -> int:
     if size >= SAY_VERIFY_BYTES and not args.skip_verify:     # seconds of silence otherwise
         print(f"forksight serve: checking every block of {args.db} ({size / 2**30:.1f} GiB, about 25 ms "
               "per million rows) before serving; --skip-verify starts at once", file=sys.stderr, flush=True)
+    from forksight.monitor.lake.errors import LakeError
+
     try:
-        store = Store(args.db, verify=not args.skip_verify, memory_limit=args.memory_limit, threads=args.threads)
+        parts = CollectorParts(args.db, lake_settings=lake_settings, catalog=catalog, verify=not args.skip_verify,
+                               memory_limit=args.memory_limit, threads=args.threads)
     except RuntimeError as exc:
         print(f"forksight serve: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, LakeError) else 1
+    if parts.lake is not None:
+        _say_lake(lake_settings, parts.lake)
     try:
-        lake = _start_lake(lake_settings, store, catalog)
-    except RuntimeError as exc:
-        store.close()
-        print(f"forksight serve: {exc}", file=sys.stderr)
-        return 2
-    try:
-        app = create_app(store, token=token, dashboard=not args.no_dashboard, hub=hub, lake=lake)
+        app = create_app(parts.store, token=token, dashboard=not args.no_dashboard, hub=hub, lake=parts.lake)
     except BaseException:
-        if lake is not None:
-            lake.stop()
-        store.close()
+        parts.close()
         raise
     where = f"http://{args.host}:{args.port}" if args.host.strip() else f"every interface, port {args.port}"
     print(f"forksight collector on {where} (db {os.path.abspath(args.db)}{'' if existed else ', new'}); "
@@ -143,9 +140,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:          # Ctrl-C, raised again by uvicorn once it has shut down
         pass
     finally:
-        if lake is not None:     # one last drain while the store still answers
-            lake.stop()
-        store.close()
+        parts.close()            # the lake's last drain while the store still answers, then the store
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     print(f"forksight collector stopped; {args.db} closed", flush=True)
@@ -215,18 +210,12 @@ def _lake_catalog(args: argparse.Namespace):
     return settings, settings.open_catalog()
 
 
-def _start_lake(settings, store, catalog):
-    """The lake's committer over `store` (None without a catalog)."""
-    if catalog is None:
-        return None
-    from forksight.monitor.lake.service import start_lake_with
-
-    lake = start_lake_with(settings, store, catalog)
+def _say_lake(settings, lake) -> None:
+    """The lake's start banner: what it commits to, its secrets redacted."""
     shown = settings.shown()
     options = f", options {shown['options']}" if shown["options"] else ""
     print(f"forksight lake: collector {lake.collector} commits to {shown['catalog']} ({settings.warehouse}"
           f"{options}; a catalog call past {settings.call_deadline_s:g} s is abandoned)", flush=True)
-    return lake
 
 
 def _alert_hub(args: argparse.Namespace):
