@@ -38,27 +38,14 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # the synthetic step
 
-from forksight.base.records import tokens_table  # noqa: E402
+from bench_steps import step_with_tokens  # noqa: E402
 from forksight.monitor.collector.store import Store  # noqa: E402
-from synthetic import step_records  # noqa: E402
 
 COLLECTOR = "bench-writer"
 
 
 def say(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def token_columns(rng, n: int) -> dict:
-    """n token rows of one step: 64 samples of n/64 positions, random values."""
-    per = max(1, n // 64)
-    return {"sample_id": np.arange(n, dtype=np.int64) // per, "pos": (np.arange(n) % per).astype(np.int32),
-            "token_id": rng.integers(0, 151_000, n, dtype=np.int32),
-            "token": pa.array(np.array(["▁the", "7", "+", "=", "<b>"])[rng.integers(0, 5, n)]),
-            "entropy": rng.random(n, dtype=np.float32) * 3, "renyi2": rng.random(n, dtype=np.float32),
-            "js": rng.random(n, dtype=np.float32), "logp": -rng.random(n, dtype=np.float32),
-            "sampler_logp": -rng.random(n, dtype=np.float32),
-            "top1": rng.random(n, dtype=np.float32), "fork": rng.random(n) > 0.8, "selected": rng.random(n) > 0.5}
 
 
 def make_steps(runs: int, steps: int, tokens: int) -> list[list]:
@@ -68,9 +55,7 @@ def make_steps(runs: int, steps: int, tokens: int) -> list[list]:
         rng = np.random.default_rng(r)
         run = []
         for s in range(steps):
-            rec = step_records(rng, s, steps)
-            rec.tokens = tokens_table(token_columns(rng, tokens), step=s)
-            run.append(rec)
+            run.append(step_with_tokens(rng, s, tokens, steps))
         out.append(run)
     return out
 
@@ -171,8 +156,7 @@ def background(store: Store, committer, args) -> None:
     for r in range(args.background_runs):
         run = store.create_run(f"bg{r}")
         for s in range(args.background_steps):
-            rec = step_records(rng, s, args.background_steps)
-            rec.tokens = tokens_table(token_columns(rng, args.background_tokens), step=s)
+            rec = step_with_tokens(rng, s, args.background_tokens, args.background_steps)
             store.write(run, rec, f"bg{r}-{s}")
         if r % 100 == 99:
             say(f"  {r + 1} background runs written")
@@ -197,7 +181,21 @@ def main() -> int:
                              "so the pages plan a run among that many: the catalog's scale without its data")
     parser.add_argument("--background-steps", type=int, default=20, help="steps per background run")
     parser.add_argument("--background-tokens", type=int, default=100, help="token rows per background step")
+    parser.add_argument("--day", action="store_true",
+                        help="only the simulated day of a live run (bench/lake_day.py): snapshots and metadata bytes")
+    parser.add_argument("--day-intervals", type=int, default=2880, help="30-s commit intervals (2880: a day)")
+    parser.add_argument("--day-data-every", type=int, default=30, help="a step of data every this many intervals")
     args = parser.parse_args()
+    if args.day:
+        from lake_day import simulated_day
+
+        root = Path(args.dir or tempfile.mkdtemp(prefix="forksight-bench-day-"))
+        try:
+            print(json.dumps(simulated_day(root, args.day_intervals, args.day_data_every), indent=1))
+        finally:
+            if not args.dir:
+                shutil.rmtree(root, ignore_errors=True)
+        return 0
 
     from forksight.monitor.lake.catalog import open_catalog
     from forksight.monitor.lake.maintenance import run_maintenance

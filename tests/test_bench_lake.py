@@ -39,3 +39,18 @@ def test_bench_lake_counts_at_toy_scale():
     for page in ("run_page_first_open", "tokens_first_render"):
         figure = report["pages"][page]
         assert figure["lake_over_duckdb"] == pytest.approx(figure["lake_only_ms"] / figure["duckdb_ms"], abs=0.01)
+
+
+def test_bench_lake_day_counts_snapshots_of_data_not_heartbeats():
+    """`bench/lake.py --day` at a toy scale: 40 intervals, each a heartbeat, data in 4 of them: one snapshot per
+    data commit in a step table and one overwrite (delete + append) of the run's row per data commit, none per
+    heartbeat; expiry keeps the current snapshot and the newest metadata files."""
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "lake.py"), "--day", "--day-intervals", "40",
+                           "--day-data-every", "10"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    day, after = report["after_the_day"], report["after_the_committers_expiry"]
+    assert report["heartbeats"] == 40 and report["data_steps"] == 4
+    assert day["scalars"]["snapshots"] == 4 and day["tokens"]["snapshots"] == 4
+    assert day["runs"]["snapshots"] <= 1 + 2 * 4                    # created, then one overwrite per data step
+    assert all(1 <= after[t]["snapshots"] <= day[t]["snapshots"] for t in ("scalars", "tokens", "runs"))

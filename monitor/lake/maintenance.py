@@ -71,21 +71,34 @@ def compact_table(table, min_files: int = 2) -> dict:
 def expire_table(table, older_than: datetime) -> dict:
     """Expire the snapshots older than `older_than` (the current one stays); delete the data files
     no remaining snapshot references. Returns snapshots_expired, files_deleted."""
-    before = set(table.inspect.all_data_files()["file_path"].to_pylist()) if table.metadata.snapshots else set()
     old = [s.snapshot_id for s in table.metadata.snapshots
            if s.timestamp_ms < older_than.timestamp() * 1000 and s.snapshot_id != table.metadata.current_snapshot_id]
     if not old:
         return {"snapshots_expired": 0, "files_deleted": 0}
+    before = set(table.inspect.all_data_files()["file_path"].to_pylist())
+    lists_before, manifests_before = _metadata_files(table)
     table.maintenance.expire_snapshots().by_ids(old).commit()
     table.refresh()
     after = set(table.inspect.all_data_files()["file_path"].to_pylist())
+    lists_after, manifests_after = _metadata_files(table)
     gone = sorted(before - after)
-    for path in gone:
+    # the expired snapshots' manifest lists, and manifests no kept snapshot lists (new commits build on the
+    # current snapshot, which is kept: they never reuse these): the metadata's bytes stay bounded too
+    for path in (*gone, *(lists_before - lists_after), *(manifests_before - manifests_after)):
         try:
             table.io.delete(path)
         except FileNotFoundError:
             pass
     return {"snapshots_expired": len(old), "files_deleted": len(gone)}
+
+
+def _metadata_files(table) -> tuple[set[str], set[str]]:
+    """(the manifest lists, the manifests) the table's snapshots reference."""
+    lists, manifests = set(), set()
+    for snap in table.metadata.snapshots:
+        lists.add(snap.manifest_list)
+        manifests.update(m.manifest_path for m in snap.manifests(table.io))
+    return lists, manifests
 
 
 def run_maintenance(catalog, action: str, *, tables=None, min_files: int = 2,

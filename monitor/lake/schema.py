@@ -18,7 +18,7 @@ ROW_GROUP_PROP = "write.parquet.row-group-limit"
 # retention on every table, so a collector left running for months keeps bounded metadata: the committer
 # expires snapshots older than the table's max age on its own schedule (an operator may change the property
 # per table), and each commit deletes metadata files past the last PREVIOUS_VERSIONS
-RETENTION = {"history.expire.max-snapshot-age-ms": str(24 * 3600 * 1000),
+RETENTION = {"history.expire.max-snapshot-age-ms": str(6 * 3600 * 1000),       # forksight reads the current one
              "history.expire.min-snapshots-to-keep": "1",
              "write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "20"}
 STEP_BLOCK = 1000                  # steps per partition: a read of a step range touches its blocks only
