@@ -69,3 +69,28 @@ def test_a_running_lake_shows_no_secret_anywhere(tmp_path):
     assert "forksight lake: collector box commits to" in log
     for text in (*answers, log):
         assert MARKER not in text
+
+
+def test_a_failure_message_that_quotes_a_secret_is_scrubbed():
+    """A driver's or catalog's message may quote the URI or an option: LakeSettings.scrub, which the
+    committer's health, log and start errors go through, leaves none of them in it."""
+    from forksight.monitor.lake.committer import Committer
+    from forksight.monitor.lake.settings import LakeSettings
+
+    settings = LakeSettings.of(catalog=f"postgresql+psycopg2://u:{MARKER}@h/db", warehouse="wh",
+                               options={"credential": "client:" + MARKER + "2", "s3.region": "eu"})
+    text = f"OperationalError: connecting to u:{MARKER}@h with credential client:{MARKER}2 in eu"
+    assert settings.scrub(text) == "OperationalError: connecting to u:***@h with credential *** in eu"
+    assert MARKER not in repr(settings) and MARKER not in str(settings.model_dump())
+    assert settings.shown()["options"] == {"credential": "***", "s3.region": "eu"}
+
+    class Failing:                      # the committer's own failure path, on a cycle that raises
+        scrub = staticmethod(settings.scrub)
+        _error = _failing_since = None
+        _stalled = False
+
+        def cycle(self, force):
+            raise RuntimeError(text)
+    failing = Failing()
+    assert Committer._cycle_safely(failing) is False
+    assert MARKER not in failing._error and "u:***@h" in failing._error

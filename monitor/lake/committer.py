@@ -40,9 +40,11 @@ class Committer:
 
     def __init__(self, store, outbox: Outbox, catalog, *, uri: str, warehouse: str,
                  commit_rows: int, commit_seconds: float, writer=None, options: dict | None = None,
-                 expire_every_s: float = EXPIRE_EVERY_S):
+                 expire_every_s: float = EXPIRE_EVERY_S, scrub=None):
         """writer: where the Iceberg commits run (LakeWriter: this thread; writer_process.ProcessWriter:
-        a child process); default this thread. options: the catalog options as they may be shown."""
+        a child process); default this thread. options: the catalog options as they may be shown;
+        scrub(text): a failure's message without the catalog's secrets (LakeSettings.scrub)."""
+        self.scrub = scrub or (lambda text: text)
         self.store, self.outbox, self.catalog = store, outbox, catalog
         self.collector = outbox.collector_id
         self.writer = writer or LakeWriter(catalog, self.collector)
@@ -117,9 +119,10 @@ class Committer:
         try:
             self._busy = self.cycle(force)
         except Exception as exc:  # noqa: BLE001 - a catalog that is down: the backlog waits, health says so
+            said = self.scrub(f"{type(exc).__name__}: {' '.join(str(exc).split())}")[:300]
             if self._error is None:
-                log.warning("lake: commit failed, the backlog waits in DuckDB: %s", exc)
-            self._error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                log.warning("lake: commit failed, the backlog waits in DuckDB: %s", said)
+            self._error = said
             self._failing_since = self._failing_since or time.time()
             # stalled until a commit goes through (a new writer's connect timing out is the same stall)
             self._stalled = self._stalled or isinstance(exc, CatalogStalled)
@@ -195,7 +198,7 @@ class Committer:
             except CatalogStalled:
                 raise
             except Exception as exc:  # noqa: BLE001 - e.g. a conflict with another collector's expiry
-                log.info("lake: expiring %s's old snapshots failed (%s); next time", name, exc)
+                log.info("lake: expiring %s's old snapshots failed (%s); next time", name, self.scrub(str(exc)))
                 continue
             if n:
                 log.info("lake: expired %d old snapshots of %s", n, name)

@@ -78,6 +78,19 @@ class LakeSettings(BaseModel):
                 "commit_rows": self.commit_rows, "commit_seconds": self.commit_seconds,
                 "call_deadline_s": self.call_deadline_s}
 
+    def scrub(self, text: str) -> str:
+        """`text` (a driver's or catalog's message) with the URI's password and every secret option's value as ***."""
+        from urllib.parse import urlparse
+
+        from forksight.monitor.lake.catalog import redact_options
+
+        props = self.properties()
+        secrets = [props[k] for k, shown in redact_options(props).items() if shown == "***"]
+        secrets.append(urlparse(self.uri()).password or "")
+        for secret in sorted(filter(None, secrets), key=len, reverse=True):    # a longer one may hold a shorter
+            text = text.replace(secret, "***")
+        return text
+
     def __repr__(self) -> str:
         return f"LakeSettings({self.shown()})"
 
