@@ -128,10 +128,11 @@ def create_api(store: Store, *, hub=None, reader=None) -> FastAPI:
         return JSONResponse(body, status_code=200 if state["writable"] else 503)
 
     @app.get("/api/health/lake", responses={404: {"description": "no lake configured"},
-                                            503: {"description": "the lake's catalog refuses commits"}})
+                                            503: {"description": "the lake's catalog refuses commits (degraded) "
+                                                  "or answers none within the deadline (stalled)"}})
     def lake_health() -> JSONResponse:
         """The lake's state (--lake-catalog): 200 while commits go through, 503 with the backlog
-        waiting in DuckDB while the catalog refuses them."""
+        waiting in DuckDB while the catalog refuses them (degraded) or answers none in time (stalled)."""
         if store.lake_health is None:
             return JSONResponse({"detail": "this collector writes no lake: start it with --lake-catalog"},
                                 status_code=404)
