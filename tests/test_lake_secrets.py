@@ -94,3 +94,12 @@ def test_a_failure_message_that_quotes_a_secret_is_scrubbed():
     failing = Failing()
     assert Committer._cycle_safely(failing) is False
     assert MARKER not in failing._error and "u:***@h" in failing._error
+
+
+def test_lake_maintenance_refusals_never_show_a_secret(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "forksight", "lake", "expire", "--older-than", "7d",
+                           "--lake-catalog", f"postgresql+psycopg2://user:{MARKER}@127.0.0.1:9/db",
+                           "--lake-warehouse", str(tmp_path / "wh"), *_options()],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode in (1, 2) and "forksight lake expire:" in done.stderr
+    assert MARKER not in done.stdout + done.stderr

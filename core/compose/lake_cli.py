@@ -67,23 +67,26 @@ def parse_older_than(text: str, now: datetime | None = None) -> datetime:
 
 
 def run_lake(args: argparse.Namespace) -> int:
-    from forksight.monitor.lake.catalog import open_catalog
     from forksight.monitor.lake.errors import LakeError
     from forksight.monitor.lake.maintenance import run_maintenance
+    from forksight.monitor.lake.settings import LakeSettings
 
+    settings = None
     try:
         older = parse_older_than(args.older_than) if args.lake_command == "expire" else None
         if args.lake_command == "compact" and args.min_files < 2:
             raise ValueError(f"--min-files must be >= 2 (got {args.min_files})")
-        catalog = open_catalog(args.lake_catalog, args.lake_warehouse, check=False,
-                               properties=dict(args.lake_option))
+        settings = LakeSettings.of(catalog=args.lake_catalog, warehouse=args.lake_warehouse,
+                                   options=dict(args.lake_option))
+        catalog = settings.open_catalog(check=False)
         done = run_maintenance(catalog, args.lake_command, tables=args.table,
                                min_files=getattr(args, "min_files", 2), older_than=older)
     except (LakeError, ValueError) as exc:
         print(f"forksight lake {args.lake_command}: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # noqa: BLE001 - e.g. the catalog went away: said, not a traceback
-        print(f"forksight lake {args.lake_command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - e.g. the catalog went away: said (its secrets ***), not a traceback
+        said = f"{type(exc).__name__}: {exc}"
+        print(f"forksight lake {args.lake_command}: {settings.scrub(said) if settings else said}", file=sys.stderr)
         return 1
     print(json.dumps(done))
     return 0
