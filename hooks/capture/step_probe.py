@@ -61,7 +61,7 @@ class StepProber:
         if self.budget is not None and self.per_completion is not None and \
                 self.spent + predicted > self.budget * train:
             self._warn_once("budget", "forksight: value probes skipped from step %d on: one takes about %.1f s, "
-                            "past the budget of %.0f%% of training time (%.1f s spent of %.1f s); raise "
+                            "past the budget of %.3g%% of training time (%.1f s spent of %.1f s); raise "
                             "probe_budget or probe fewer samples (probe/skipped marks each skipped step)",
                             step, predicted, 100 * self.budget, self.spent, train)
             self.sink.log_scalars(step, {"probe/skipped": 1.0})
