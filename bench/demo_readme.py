@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
+
+import marked_block
 
 BEGIN, END = "<!-- demo:begin -->", "<!-- demo:end -->"
 DEFAULT = Path(__file__).parent.parent / "docs" / "demo.json"
@@ -81,19 +82,13 @@ def paragraph(summary: dict, source: str = "docs/demo.json") -> str:
 
 
 def block(content: str) -> str | None:
-    """What lies between the markers of a README's text (None: not there once, in order)."""
-    if content.count(BEGIN) != 1 or content.count(END) != 1 or content.index(BEGIN) > content.index(END):
-        return None
-    return content[content.index(BEGIN) + len(BEGIN):content.index(END)].removeprefix("\n")
+    """What lies between the demo markers of a README's text (None: not there once, in order)."""
+    return marked_block.block(content, BEGIN, END)
 
 
 def rewrite(readme: Path, text: str) -> None:
-    """Replace the marked block's content with `text`; the markers must be there, once."""
-    content = readme.read_text()
-    if block(content) is None:
-        raise SystemExit(f"{readme}: needs one {BEGIN} line and, after it, one {END} line")
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
-    readme.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}{END}", content))
+    """Replace the demo block's content with `text`; the markers must be there, once."""
+    marked_block.rewrite(readme, text, BEGIN, END)
 
 
 def main(argv: list[str] | None = None) -> None:

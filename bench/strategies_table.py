@@ -16,6 +16,8 @@ import re
 import sys
 from pathlib import Path
 
+import marked_block
+
 BEGIN, END = "<!-- strategies:begin -->", "<!-- strategies:end -->"
 # (column header, figure name in the summary)
 COLUMNS = (("held-out pass@8 (end)", "eval_pass8_end"), ("held-out pass@1 (end)", "eval_pass1_end"),
@@ -92,12 +94,8 @@ def fair(report: dict, source: str = "docs/strategies.json") -> dict:
 
 
 def rewrite(page: Path, text: str) -> None:
-    """Replace the marked block's content with `text`; the markers must be there, once."""
-    content = page.read_text()
-    if content.count(BEGIN) != 1 or content.count(END) != 1 or content.index(BEGIN) > content.index(END):
-        raise SystemExit(f"{page}: needs one {BEGIN} line and, after it, one {END} line around the table")
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
-    page.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}{END}", content))
+    """Replace the strategies block's content with `text`; the markers must be there, once."""
+    marked_block.rewrite(page, text, BEGIN, END)
 
 
 def main(argv: list[str] | None = None) -> None:
