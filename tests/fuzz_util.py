@@ -62,7 +62,8 @@ def expected_rows(batch: dict) -> dict[str, int]:
     """Rows a JSON batch stores per table, counted from the body (a histogram: one row per bin)."""
     rows = {"scalars": len(batch.get("scalars") or []), "samples": len(batch.get("samples") or []),
             "histograms": sum(len(h["counts"]) for h in batch.get("histograms") or []),
-            "tokens": sum(len(b["sample_id"]) for b in batch.get("tokens") or [])}
+            "tokens": sum(len(b["sample_id"]) for b in batch.get("tokens") or []),
+            "probes": len(batch.get("probes") or [])}
     return {t: n for t, n in rows.items() if n}
 
 
