@@ -21,6 +21,22 @@ OptionalInt64 = Annotated[int | None, Query(ge=INT64_MIN, le=INT64_MAX)]
 Downsample = Annotated[int, Query(ge=1, le=100_000, description="at most this many points per series")]
 
 
+def paged_headers(total_means: str) -> dict:
+    """The OpenAPI `responses` of a paged route: its X-Total-Count and X-Next-Cursor headers."""
+    return {200: {"headers": {
+        "X-Total-Count": {"description": total_means, "schema": {"type": "integer"}},
+        "X-Next-Cursor": {"description": "pass as ?cursor= for the next page; absent on the last",
+                          "schema": {"type": "string"}}}}}
+
+
+def page_response(page, total: int, after: str | None) -> Response:
+    """One page of rows as JSON, with how many there are in all and the next page's cursor."""
+    headers = {"X-Total-Count": str(total)}
+    if after is not None:
+        headers["X-Next-Cursor"] = after
+    return Response(table_json(page), media_type="application/json", headers=headers)
+
+
 def frame_response(df: pd.DataFrame) -> Response:
     """A DataFrame as JSON records, floats exact (shortest round-trip repr), NaN/NA -> null."""
     import pyarrow as pa
@@ -74,10 +90,7 @@ def read_routes(reader: Reader, has_run: Callable[[str], bool]) -> APIRouter:
     def token_steps(run_id: Run) -> list[int]:
         return reader.token_steps(run_id)
 
-    @router.get("/api/runs/{run_id}/tokens", responses={200: {"headers": {
-        "X-Total-Count": {"description": "rows of the step (and sample) in all", "schema": {"type": "integer"}},
-        "X-Next-Cursor": {"description": "pass as ?cursor= for the next page; absent on the last",
-                          "schema": {"type": "string"}}}}})
+    @router.get("/api/runs/{run_id}/tokens", responses=paged_headers("rows of the step (and sample) in all"))
     def tokens(run_id: Run, step: Annotated[int, Query(ge=INT64_MIN, le=INT64_MAX)],
                sample_id: OptionalInt64 = None,
                limit: int = Query(TOKEN_PAGE_DEFAULT, ge=1, le=TOKEN_PAGE_MAX, description="rows per page"),
@@ -85,21 +98,14 @@ def read_routes(reader: Reader, has_run: Callable[[str], bool]) -> APIRouter:
                                           description="the X-Next-Cursor of the previous page")) -> Response:
         """One page of a step's token rows, ordered by rank, sample, position: at most `limit`
         rows; X-Total-Count says how many there are, X-Next-Cursor names the next page."""
-        page, total, after = read_token_page(reader, run_id, step, sample_id, limit, parse_cursor(cursor))
-        headers = {"X-Total-Count": str(total)}
-        if after is not None:
-            headers["X-Next-Cursor"] = after
-        return Response(table_json(page), media_type="application/json", headers=headers)
+        return page_response(*read_token_page(reader, run_id, step, sample_id, limit, parse_cursor(cursor)))
 
     @router.get("/api/runs/{run_id}/probe_steps")
     def probe_steps(run_id: Run) -> list[int]:
         """Steps that hold Monte-Carlo value probes (`forksight probe`, --probe-every), ascending."""
         return reader.probe_steps(run_id)
 
-    @router.get("/api/runs/{run_id}/probes", responses={200: {"headers": {
-        "X-Total-Count": {"description": "probe rows of the step (and sample) in all", "schema": {"type": "integer"}},
-        "X-Next-Cursor": {"description": "pass as ?cursor= for the next page; absent on the last",
-                          "schema": {"type": "string"}}}}})
+    @router.get("/api/runs/{run_id}/probes", responses=paged_headers("probe rows of the step (and sample) in all"))
     def probes(run_id: Run, step: Annotated[int, Query(ge=INT64_MIN, le=INT64_MAX)],
                sample_id: OptionalInt64 = None,
                limit: int = Query(TOKEN_PAGE_DEFAULT, ge=1, le=TOKEN_PAGE_MAX, description="rows per page"),
@@ -108,11 +114,7 @@ def read_routes(reader: Reader, has_run: Callable[[str], bool]) -> APIRouter:
         """One page of a step's value probes (sample_id, pos, token_id, token, fork, entropy, v_before,
         v_after, delta, se, se_before, se_after, k, pivotal, alternatives as JSON text), ordered and
         paged as /tokens is: X-Total-Count says how many, X-Next-Cursor names the next page."""
-        page, total, after = reader.probe_page(run_id, step, sample_id, limit, parse_cursor(cursor))
-        headers = {"X-Total-Count": str(total)}
-        if after is not None:
-            headers["X-Next-Cursor"] = after
-        return Response(table_json(page), media_type="application/json", headers=headers)
+        return page_response(*reader.probe_page(run_id, step, sample_id, limit, parse_cursor(cursor)))
 
     @router.get("/api/runs/{run_id}/samples")
     def samples(run_id: Run, step: OptionalInt64 = None, group_id: OptionalInt64 = None,
