@@ -91,11 +91,20 @@ def build_tokenizer(spec: TinySpec = TinySpec()):
     )
 
 
-def build_tiny(path: str | os.PathLike | None = None, spec: TinySpec = TinySpec()) -> Path:
-    """Build (or reuse) the tiny model + tokenizer and return the directory holding both."""
+def build_tiny(path: str | os.PathLike | None = None, spec: TinySpec = TinySpec(), *,
+               shipped: bool = True) -> Path:
+    """The directory holding the tiny model + tokenizer. The default spec's are shipped
+    (trainer/models/tiny: the same bits on every machine) and copied here; another spec, or
+    shipped=False, is built (random init, BPE training) and cached."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from forksight.trainer import shipped as ship
+
+    name = ship.base_name(spec) if shipped else None
+    if name is not None:
+        tag = ship.weights_of(name)[:8]
+        return ship.materialize(name, Path(path) if path else cache_root() / "models" / f"tiny-qwen2-{spec.key()}-{tag}")
     out = Path(path) if path else cache_root() / "models" / f"tiny-qwen2-{spec.key()}"
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
         return out

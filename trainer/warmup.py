@@ -19,6 +19,7 @@ import torch
 from forksight.trainer.loss import bounded_nll
 from forksight.trainer.model import cache_root, load
 from forksight.trainer.rollout import completion_logits, generate, token_logp
+from forksight.trainer.shipped import find_warm, materialize
 from forksight.trainer.tasks import Problem, Task, held_out
 
 
@@ -31,17 +32,24 @@ def warm_path(base: str | Path, task: Task, target_pass: float, loss: str, seed:
 
 
 def ensure_warm(base: str | Path, task: Task, *, target_pass: float = 0.3, loss: str = "ce",
-                seed: int = 0, max_seconds: float = 180.0, progress: bool = True, **train_kw) -> Path:
+                seed: int = 0, max_seconds: float = 180.0, progress: bool = True, shipped: bool = True,
+                **train_kw) -> Path:
     """Path of a model warmed up on `task` to sampled pass@1 ≥ target_pass (cached);
     train_kw go to `supervised` (lr, batch, eval_every), over the task's own `warmup_settings`.
     A cached warm-up whose time ran out short of its target (a busy machine) is done again, once
-    per call: reused, every later run of that seed would start from a weaker model."""
+    per call: reused, every later run of that seed would start from a weaker model.
+    A shipped warm-up of this base, task, loss, target and seed (trainer/shipped.py) is used
+    instead of warming up here, so every machine starts from the same weights; shipped=False
+    warms up regardless (the ship builder)."""
     train_kw = {**getattr(task, "warmup_settings", {}), **train_kw}
     out = warm_path(base, task, target_pass, loss, seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     asked = time.time()
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second trainer waits here and then reuses the cache
+        name = find_warm(base, task.name, loss, target_pass, seed) if shipped else None
+        if name is not None:
+            return materialize(name, out)
         info_file = out / "warmup.json"
         if info_file.exists():
             cached = json.loads(info_file.read_text())
