@@ -15,7 +15,7 @@ VERL_STAMP := $(VERL_ENV)/.forksight-installed
 SPARK_ENV   ?= $(VENV)/spark
 SPARK_STAMP := $(SPARK_ENV)/.forksight-installed
 
-.PHONY: setup verl-env demo test bench clean lint lake-spark docs docs-ref
+.PHONY: setup verl-env demo test test-kernels bench clean lint lake-spark docs docs-ref
 
 setup: $(STAMP)
 
@@ -53,6 +53,15 @@ demo: setup
 
 test: setup verl-env
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# the tests of trained trajectories under each PyTorch CPU kernel level (each rounds like another CPU),
+# each level with an empty FORKSIGHT_HOME: what a new machine sees (docs/explanation/reproducibility.md)
+KERNEL_LEVELS ?= default avx2 avx512
+test-kernels: setup
+	@for level in $(KERNEL_LEVELS); do \
+	  home=$$(mktemp -d); echo "== ATEN_CPU_CAPABILITY=$$level FORKSIGHT_HOME=$$home"; \
+	  ATEN_CPU_CAPABILITY=$$level FORKSIGHT_HOME=$$home $(BIN)/python -m pytest -m trajectory $(PYTEST_ARGS) || exit 1; \
+	  rm -rf $$home; done
 
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -14,10 +14,12 @@ import json
 import sys
 from pathlib import Path
 
+import kernel_spread
 import marked_block
 
 BEGIN, END = "<!-- demo:begin -->", "<!-- demo:end -->"
 DEFAULT = Path(__file__).parent.parent / "docs" / "demo.json"
+SPREAD = Path(__file__).parent.parent / "docs" / "kernel_spread.json"
 
 
 def _f(x: float | None, digits: int = 2) -> str:
@@ -66,18 +68,57 @@ def run_line(run: dict) -> str:
             f"of tokens. Verdict: *{run['verdict']['label']}*: {run['verdict']['why']}.")
 
 
-def paragraph(summary: dict, source: str = "docs/demo.json") -> str:
-    """The block's Markdown: the demo's setup, one bullet per run, its time."""
+def _range(fig: dict, unit: str = "", digits: int | None = None, never: bool = True) -> str:
+    """`a–b` (or `a` when they agree) from a spread entry; ' (never in N)' when some cells lacked it."""
+    lo, hi = fig["min"], fig["max"]
+    if lo is None:
+        return "never"
+    show = (lambda x: f"{x:.{digits}f}") if digits is not None else str
+    text = show(lo) if show(lo) == show(hi) else f"{show(lo)}–{show(hi)}"
+    return text + unit + (f" (never in {fig['never']})" if fig["never"] and never else "")
+
+
+def spread_lines(spread: dict, source: str = "docs/kernel_spread.json") -> list[str]:
+    """What varies by machine, as ranges: the demo's two plain-GRPO runs over kernel paths × seeds."""
+    meta, cells = spread["meta"], spread["cells"]
+    paths = list(dict.fromkeys(c["variant"] for c in cells))
+    seeds = sorted({c["seed"] for c in cells})
+    common, swept = spread["spread"][kernel_spread.COMMON], spread["spread"][kernel_spread.SWEPT]
+    quiet = sum(c["runs"][kernel_spread.SWEPT]["warning_step"] is None for c in cells)
+    warned_seeds = sorted({c["seed"] for c in cells if c["runs"][kernel_spread.SWEPT]["warning_step"] is not None})
+    return ["", f"Other CPUs round differently, so from the same shipped base model the runs differ by machine. "
+                f"Across {len(paths)} CPU kernel paths ({', '.join(paths)}) × seeds {', '.join(map(str, seeds))}, "
+                f"{meta['steps']} steps (`{source}`, `python bench/kernel_spread.py`), plain GRPO at the common lr "
+                f"starts at entropy {_range(common['entropy_start'], digits=3)}, is warned of collapse at step "
+                f"{_range(common['warning_step'])}, falls under 20% of its start at step "
+                f"{_range(common['under_20pct_step'])} (warned {_range(common['warning_lead'])} steps ahead), goes "
+                f"critical at step {_range(common['critical_step'])}, and ends at held-out pass@8 "
+                f"{_range(common['eval_pass8_last'], digits=2)}. At the sweep's lr entropy " + (
+                "never falls under 20% of its start" if swept["under_20pct_step"]["min"] is None else
+                f"falls under 20% of its start in {len(cells) - swept['under_20pct_step']['never']} of {len(cells)} cells")
+                + f" and held-out pass@8 ends at {_range(swept['eval_pass8_last'], digits=2)}; it goes "
+                f"unwarned in {quiet} of {len(cells)} cells" + (
+                f", and where it is warned (seed {', '.join(map(str, warned_seeds))}), at step "
+                f"{_range(swept['warning_step'], never=False)}, after the common lr has collapsed. " if warned_seeds else ". ") +
+                f"Every cell keeps the claims the tests assert: {'yes' if spread['all_hold'] else 'NO'}."]
+
+
+def paragraph(summary: dict, source: str = "docs/demo.json", spread: dict | None = None) -> str:
+    """The block's Markdown: the demo's setup, one bullet per run, its time, and (given the
+    kernel-level spread) the range of the figures that vary by machine."""
     meta, runs = summary["meta"], summary["runs"]
     lines = [f"`make demo` trains {len(runs)} runs side by side on the `{meta['preset']}` preset, seed "
              f"{meta['seed']}, {meta['steps']} steps each, held-out pass@k at step 0 and every "
-             f"{meta['eval_every']} steps. Its closing summary on {meta['machine']} ({meta['date'][:10]}; "
+             f"{meta['eval_every']} steps. Its closing summary on {meta['machine']}"
+             f"{', ' + meta['cpu_capability'] + ' kernels' if meta.get('cpu_capability') else ''} ({meta['date'][:10]}; "
              f"`{source}`, written into this paragraph by `python bench/demo_readme.py`):", ""]
     lines += [run_line(run) for run in runs]
     if meta.get("train_seconds") is not None:
         lines += ["", f"All {len(runs)} runs took {meta['train_seconds']:.0f} s after the model was ready "
-                      f"({meta.get('prepare_seconds', 0):.0f} s here with the warm-up cached; the first "
-                      f"`make demo` warms it up once)."]
+                      f"(preparing it took {meta.get('prepare_seconds', 0):.0f} s: the shipped base model and "
+                      f"warm-up, copied into the cache the first time)."]
+    if spread is not None:
+        lines += spread_lines(spread)
     return "\n".join(lines) + "\n"
 
 
@@ -99,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     path = Path(args.json)
     if not path.exists():
         raise SystemExit(f"{path} does not exist: run `forksight demo --exit-when-done --summary {path}` first")
-    text = paragraph(json.loads(path.read_text()))
+    spread = json.loads(SPREAD.read_text()) if SPREAD.exists() else None
+    text = paragraph(json.loads(path.read_text()), spread=spread)
     if args.readme:
         rewrite(Path(args.readme), text)
         print(f"rewrote the demo block of {args.readme}", file=sys.stderr)

@@ -21,6 +21,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import alerts_breadth  # noqa: E402
 import alerts_real  # noqa: E402
 
+pytestmark = pytest.mark.trajectory   # asserts on trained runs: `make test-kernels` runs it under each CPU kernel level
+
 SCENARIOS = json.loads((ROOT / "tests" / "data" / "alerts_breadth_runs.json").read_text())
 REAL = json.loads((ROOT / "tests" / "data" / "alerts_real_runs.json").read_text())
 NEW = {"degenerate_groups", "truncation", "clip_saturation", "kl_drift", "gradient", "reward_eval_divergence",

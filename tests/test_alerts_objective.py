@@ -23,6 +23,8 @@ from forksight.compose import cli  # noqa: E402
 from forksight.compose.doctor import diagnose  # noqa: E402
 from forksight.monitor.alerts.hub import AlertMonitor  # noqa: E402
 
+pytestmark = pytest.mark.trajectory   # asserts on trained runs: `make test-kernels` runs it under each CPU kernel level
+
 NEW = set(alerts_objective.NEW)
 RUNS = ("kl-synced", "kl-fixed", "clip-upper-lr1e-3", "clip-sym-lr1e-3", "length-paid-lr1e-3", "length-unpaid-lr1e-3")
 

@@ -13,6 +13,8 @@ import pytest
 from forksight.monitor.alerts.hub import AlertConfig, AlertMonitor
 from forksight.monitor.alerts.detectors import ExplosionDetector
 
+pytestmark = pytest.mark.trajectory   # asserts on trained runs: `make test-kernels` runs it under each CPU kernel level
+
 RUNS = json.loads((Path(__file__).parent / "data" / "alerts_real_runs.json").read_text())
 
 

@@ -12,7 +12,7 @@ from forksight.monitor.collector.store import Store
 from forksight.trainer.config import load_config
 from forksight.trainer.loop import train
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread"), pytest.mark.trajectory]
 
 
 def _train(tmp_path, preset: str, **over):

@@ -13,7 +13,7 @@ from forksight.trainer.loop import train
 from forksight.trainer.model import TinySpec
 from trainer_util import Scalars
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread"), pytest.mark.trajectory]
 STEPS = 75
 
 

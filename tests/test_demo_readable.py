@@ -14,7 +14,7 @@ from forksight.monitor.sinks.client import NullSink
 from forksight.trainer.config import load_config
 from forksight.trainer.loop import train
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread"), pytest.mark.trajectory]
 STEP = re.compile(r"^ \d(\+\d)+=\d+( carry 1)?$")
 
 

@@ -11,14 +11,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 import demo_readme  # noqa: E402
+import kernel_spread  # noqa: E402
 
 SUMMARY = json.loads((ROOT / "docs" / "demo.json").read_text())
+SPREAD = json.loads((ROOT / "docs" / "kernel_spread.json").read_text())
 
 
 def test_the_readme_block_is_the_generators_output_from_the_committed_summary():
     block = demo_readme.block((ROOT / "README.md").read_text())
     assert block is not None, "README.md needs the <!-- demo:begin --> / <!-- demo:end --> markers"
-    assert block == demo_readme.paragraph(SUMMARY), (
+    assert block == demo_readme.paragraph(SUMMARY, spread=SPREAD), (
         "README's demo block is stale: run `python bench/demo_readme.py docs/demo.json --readme README.md`")
 
 
@@ -49,3 +51,26 @@ def test_the_committed_summary_shows_a_warned_collapse_beside_a_healthy_run():
         assert run["heldout"]["pass@8"]["first_step"] == 0 and run["heldout"]["pass@8"]["last_step"] == run["steps"]
     assert common["heldout"]["pass@8"]["last"] < swept["heldout"]["pass@8"]["last"]
     assert SUMMARY["meta"]["steps"] == common["steps"] == swept["steps"]
+
+
+def test_the_readme_gives_the_kernel_spread_as_ranges_from_its_cells():
+    text = demo_readme.paragraph(SUMMARY, spread=SPREAD)
+    common = [c["runs"][kernel_spread.COMMON] for c in SPREAD["cells"]]
+    warned = sorted(c["warning_step"] for c in common)
+    under = sorted(c["under_20pct_step"] for c in common)
+    span = lambda lo, hi: str(lo) if lo == hi else f"{lo}–{hi}"   # noqa: E731
+    assert f"is warned of collapse at step {span(warned[0], warned[-1])}," in text
+    assert f"falls under 20% of its start at step {span(under[0], under[-1])} " in text
+    quiet = sum(c["runs"][kernel_spread.SWEPT]["warning_step"] is None for c in SPREAD["cells"])
+    assert f"it goes unwarned in {quiet} of {len(SPREAD['cells'])} cells" in text
+    assert "Every cell keeps the claims the tests assert: yes." in text
+
+
+def test_the_reproducibility_page_table_is_rendered_from_the_committed_spread():
+    page = (ROOT / "docs" / "explanation" / "reproducibility.md").read_text()
+    import marked_block
+
+    got = marked_block.block(page, kernel_spread.BEGIN, kernel_spread.END)
+    assert got == kernel_spread.table(SPREAD), "stale: run `python bench/kernel_spread.py --render`"
+    rows = [line for line in got.splitlines() if line.startswith("| ") and not line.startswith("| kernel")]
+    assert len(rows) == len(SPREAD["cells"]) >= 9

@@ -24,6 +24,8 @@ import strategies_stats as ss  # noqa: E402
 import strategies_table as st  # noqa: E402
 import strategies_view as sv  # noqa: E402
 
+pytestmark = pytest.mark.trajectory   # asserts on trained runs: `make test-kernels` runs it under each CPU kernel level
+
 
 # ------------------------------------------------------------------------------ bootstrap interval
 def test_identical_values_give_a_zero_width_interval():

@@ -86,6 +86,7 @@ def test_resume_continues_the_step_count(tmp_path):
     assert steps == [1, 2, 3]  # steps 1-2 from the first process, step 3 from the resumed one
 
 
+@pytest.mark.trajectory
 def test_collapse_preset_drives_entropy_down_and_reward_up(tmp_path):
     result = train(load_config(preset="collapse", overrides=dict(
         steps=40, db=str(tmp_path / "c.duckdb"), out_dir=str(tmp_path / "runs"), progress=False,

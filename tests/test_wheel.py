@@ -44,6 +44,14 @@ def test_wheel_top_level_holds_forksight_only(wheel):
         assert f"forksight/{room}/__init__.py" in names
     assert "forksight/dashboard/assets/style.css" in names
     assert "forksight/hooks/metrics/token_kernels.cpp" in names  # the C++ kernels build from it
+    # the shipped models (the same base on every machine), each file the manifest lists
+    import json
+
+    manifest = json.loads((ROOT / "trainer" / "models" / "manifest.json").read_text())
+    assert "forksight/trainer/models/manifest.json" in names
+    for model, entry in manifest["models"].items():
+        for file in entry["files"]:
+            assert f"forksight/trainer/models/{model}/{file}" in names, (model, file)
     assert "forksight/__main__.py" in names and "forksight/compose/cli.py" in names
     # every sub-package (room) the source declares is in the wheel
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]

@@ -173,9 +173,10 @@ class TrainConfig(BaseModel):
 # Named starting points. "healthy": reward rises, entropy declines slowly. "readable" (the
 # demo's): addition worked in words and digits by the tiny model warm-started to pass@1 0.3, then
 # RL on four problems (few-shot RLVR) with a graded reward whose optimum is the one worked
-# solution: fork tokens (H ≥ 0.672) are ~7% of tokens at the start, on the digits the model
-# computes; plain GRPO is warned of collapse at step 45 and collapses at 222, fork-token training
-# at 277 (measured, seed 0); on a fresh problem every step this model never collapses (its
+# solution: fork tokens (H ≥ 0.672) are 5-8% of tokens at the start, on the digits the model
+# computes; plain GRPO is warned of collapse at step 29-57 and falls under 20% of its start
+# entropy at 74-224 (the shipped warm-ups of seeds 0-2 under four CPU kernel paths:
+# docs/kernel_spread.json); on a fresh problem every step this model never collapses (its
 # entropy explodes above lr 5e-4). "collapse": a random-init model and a reward whose optimum is
 # one fixed string at a high learning rate: plain GRPO collapses at step 37, warned at 24 (byte
 # noise for text: the model learns no language).

@@ -192,7 +192,8 @@ def _prepare_models(args: argparse.Namespace) -> None:
     config = load_config(None, args.preset, {"seed": args.seed})
     task = make_task(config.task, level=config.level, reverse=config.reverse, path=config.task_path,
                      graded=config.graded)
-    print("forksight demo: preparing the tiny model and its warm-up (cached after the first run)")
+    print("forksight demo: preparing the tiny model and its warm-up (shipped with forksight: the same "
+          "weights on every machine; copied to the cache once)")
     resolve_models(config, task, 0, 1)
 
 

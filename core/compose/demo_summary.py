@@ -105,9 +105,13 @@ def _commit() -> str | None:
 def summarise(reader: Reader, runs: Sequence[dict], meta: dict) -> dict:
     """{"meta": …, "definitions": …, "runs": [plan row + run_summary]}; runs: the demo's plan rows
     (name, label, strategy, lr, why, run_id), those without a stored run left out."""
+    import torch
+
     rows = [{**run, **run_summary(reader, run["run_id"])} for run in runs if run.get("run_id")]
     return {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": _commit(),
-                     "machine": f"{platform.machine()}, {os.cpu_count()} cores", **meta},
+                     "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                     # the kernel path the trainers ran (they inherit ATEN_CPU_CAPABILITY): trajectories differ by it
+                     "cpu_capability": torch.backends.cpu.get_cpu_capability(), **meta},
             "definitions": DEFINITIONS, "runs": rows}
 
 
