@@ -1,7 +1,8 @@
 """The shipped models (issue 46): the tiny base and the presets' warm-ups are files with their
 SHA-256, the same bits on every machine. Checked: every file against the manifest; the base and a
 warm-up materialised in an empty FORKSIGHT_HOME under other PyTorch kernel levels (stand-ins for
-other CPUs) hash to the manifest, where building them there gives other bits; the content lookup
+other CPUs; MKL's MKL_CBWR another BLAS path) hash to the manifest, where building them there gives
+other bits; the content lookup
 (a teacher is a warm-up of a warm-up); a changed file refused with what to do; no training when a
 shipped warm-up applies."""
 from __future__ import annotations
@@ -14,13 +15,19 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from forksight.trainer import shipped
 from forksight.trainer.model import TinySpec, build_tiny
 from forksight.trainer.tasks import make_task
 from forksight.trainer.warmup import ensure_warm
 
-LEVELS = ("default", "avx2")   # both run on every x86_64 CPU (and default everywhere)
+# kernel paths that stand in for other CPUs: PyTorch's levels this CPU has (default and avx2 on every
+# x86_64, avx512 where present) and MKL's reproducibility branch at the machine's own level
+NATIVE = torch.backends.cpu.get_cpu_capability()
+PATHS = {"default": {"ATEN_CPU_CAPABILITY": "default"}, "avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
+         **({"avx512": {"ATEN_CPU_CAPABILITY": "avx512"}} if NATIVE == "AVX512" else {}),
+         "mkl-compatible": {"MKL_CBWR": "COMPATIBLE"}}
 
 
 def test_every_shipped_file_matches_its_manifest_hash_and_every_warm_up_reached_its_target():
@@ -38,7 +45,7 @@ def test_every_shipped_file_matches_its_manifest_hash_and_every_warm_up_reached_
     assert sum(f.stat().st_size for f in shipped.SHIPPED.rglob("*") if f.is_file()) < 4 * 2**20
 
 
-def _hashes_under(level: str, home: Path) -> dict:
+def _hashes_under(path: dict, home: Path) -> dict:
     """In a fresh process at this kernel level with an empty FORKSIGHT_HOME: the weights' hashes of
     the shipped base, the readable warm-up, and the base built here from its seed (shipped=False)."""
     code = """
@@ -56,7 +63,7 @@ local = build_tiny(sys.argv[1], shipped=False)
 print(json.dumps({"level": torch.backends.cpu.get_cpu_capability(), "base": shipped.sha256(base / "model.safetensors"),
                   "warm": shipped.sha256(warm / "model.safetensors"), "local": shipped.sha256(local / "model.safetensors")}))
 """
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": level, "FORKSIGHT_HOME": str(home)}
+    env = {**os.environ, **path, "FORKSIGHT_HOME": str(home)}
     proc = subprocess.run([sys.executable, "-c", code, str(home / "local")], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -64,12 +71,12 @@ print(json.dumps({"level": torch.backends.cpu.get_cpu_capability(), "base": ship
 
 
 @pytest.mark.slow
-def test_the_base_and_the_warm_up_are_the_shipped_bits_under_each_kernel_level(tmp_path):
-    got = {level: _hashes_under(level, tmp_path / level) for level in LEVELS}
-    assert {g["level"] for g in got.values()} == {"DEFAULT", "AVX2"}          # the level really changed
-    for g in got.values():
-        assert g["base"] == shipped.weights_of("tiny")
-        assert g["warm"] == shipped.weights_of("readable-s0")
+def test_the_base_and_the_warm_up_are_the_shipped_bits_under_each_kernel_path(tmp_path):
+    got = {name: _hashes_under(env, tmp_path / name) for name, env in PATHS.items()}
+    assert (got["default"]["level"], got["avx2"]["level"]) == ("DEFAULT", "AVX2")   # the level really changed
+    for name, g in got.items():
+        assert g["base"] == shipped.weights_of("tiny"), name
+        assert g["warm"] == shipped.weights_of("readable-s0"), name
     # what the shipped files replace: built from the same seed, the kernel levels disagree
     assert got["default"]["local"] != got["avx2"]["local"]
 
