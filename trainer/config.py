@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Strategy = Literal["all", "fork", "ict", "random", "stapo", "maxtok", "mintok", "rand1tok"]
+TrustRegion = Literal["ratio", "tv", "binary-kl", "topk-kl", "kl"]   # hooks.metrics.trust.REGIONS
 STRATEGIES: tuple[str, ...] = ("all", "fork", "ict", "random", "stapo", "maxtok", "mintok", "rand1tok")
 DISTILL_STRATEGIES = ("maxtok", "mintok", "rand1tok")
 
@@ -87,6 +88,14 @@ class TrainConfig(BaseModel):
                           "(DAPO clip-higher).", ge=0)
     updates_per_batch: int = _f(1, "optimisation", "Optimiser steps per rollout batch (>1 makes "
                                 "the ratio differ from 1 and the clip bite).", ge=1)
+    trust_region: TrustRegion = _f("ratio", "optimisation", "The trust region: ratio (PPO's clip, "
+                                   "clip_low/clip_high) or DPPO's (Qi et al. 2026) on a direct divergence "
+                                   "from the rollout policy: tv (|π(y) − π_old(y)|), binary-kl, topk-kl "
+                                   "(top 20 tokens + the rest), kl (full vocabulary). A token outside it "
+                                   "gets no gradient in the direction that leaves it.")
+    trust_delta: float | None = _f(None, "optimisation", "The region's δ; None = DPPO's (0.15 for tv, "
+                                   "0.05 for the KLs). With trust_region ratio: the TV δ that "
+                                   "trust/tv_outside_frac is measured against (default 0.15).", gt=0)
     tis_cap: float | None = _f(None, "optimisation", "Token-level truncated importance sampling "
                                "(Yao et al. 2025): weight each token's loss by min(r, tis_cap), "
                                "r = p_train_old / p_sampler; None = off. Flag: --tis CAP.")
@@ -164,6 +173,15 @@ class TrainConfig(BaseModel):
     def effective_rho(self) -> float:
         """ρ with the per-strategy default (0.1 for ICT, 0.2 otherwise)."""
         return self.rho if self.rho is not None else (0.1 if self.strategy == "ict" else 0.2)
+
+    @property
+    def effective_trust_delta(self) -> float:
+        """δ of the trust region (DPPO's default per region; TV's for the ratio clip's monitoring)."""
+        from forksight.hooks.metrics.trust import DEFAULT_DELTA
+
+        if self.trust_delta is not None:
+            return self.trust_delta
+        return DEFAULT_DELTA["tv" if self.trust_region == "ratio" else self.trust_region]
 
     @property
     def is_distill(self) -> bool:

@@ -53,15 +53,21 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
               selected: torch.Tensor, valid: torch.Tensor, *, clip_low: float = 0.2,
               clip_high: float = 0.28, normalizer: Normalizer = "tokens",
               ref_logp: torch.Tensor | None = None, beta: float = 0.0,
-              is_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+              is_weight: torch.Tensor | None = None,
+              keep: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The DAPO clipped surrogate -w·min(ρA, clip(ρ, 1-εl, 1+εh)A) (+ β·k3 KL), over the selected
     tokens, normalised as `normalizer` says. advantages: [B] (broadcast over tokens) or [B, T];
-    is_weight [B, T]: a detached per-token weight w (TIS), 1 when None."""
+    is_weight [B, T]: a detached per-token weight w (TIS), 1 when None. keep [B, T] bool: DPPO's
+    trust region in place of the ratio clip (hooks.metrics.trust.dppo_keep): -w·ρA where keep, no
+    gradient where not."""
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     ratio = torch.exp(logp - old_logp)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * adv
-    per_token = -torch.minimum(unclipped, clipped)
+    if keep is None:
+        per_token = -torch.minimum(unclipped, clipped)
+    else:
+        per_token = -unclipped * keep.detach().to(unclipped.dtype)
     if is_weight is not None:
         per_token = per_token * is_weight.detach().to(per_token.dtype)
     info: dict[str, float] = {}

@@ -18,6 +18,7 @@ from forksight.trainer.config import TrainConfig
 from forksight.trainer.rollout import Rollout, completion_hidden, completion_logits, generate, token_logp
 from forksight.trainer.selection import Selection, select
 from forksight.trainer.tasks import Task
+from forksight.trainer.trust_region import TrustTracker
 
 
 @dataclass
@@ -133,9 +134,11 @@ def selection(ctx: Context, step: int, roll: Rollout, logits: torch.Tensor, stat
 
 
 def update(ctx: Context, roll: Rollout, logits: torch.Tensor, hidden: torch.Tensor | None, adv: torch.Tensor,
-           sel: Selection, teacher_logits: torch.Tensor | None) -> tuple[dict[str, float], torch.Tensor | None]:
+           sel: Selection, teacher_logits: torch.Tensor | None,
+           entropy: torch.Tensor | None = None) -> tuple[dict[str, float], torch.Tensor | None]:
     """Loss, backward, gradient all-reduce and optimiser step(s) on the selected tokens; also the
-    tokens the TIS correction truncated ([B, T] bool, None without tis_cap)."""
+    tokens the TIS correction truncated ([B, T] bool, None without tis_cap). entropy [B, T]: the
+    step's H, for the trust/* splits by fork and quartile (None: unsplit)."""
     cfg, valid = ctx.config, roll.mask
     head = ctx.model.get_output_embeddings()
     ref_logp = None
@@ -146,6 +149,7 @@ def update(ctx: Context, roll: Rollout, logits: torch.Tensor, hidden: torch.Tens
     info: dict[str, float] = {}
     old_logp = is_weight = corrected = None
     rows = sel.mask.nonzero(as_tuple=True)
+    region = TrustTracker(cfg, adv, rows, entropy)
     backward_seconds = 0.0
     for n in range(cfg.updates_per_batch):
         if n > 0 and hidden is not None:  # later updates see the moved policy: recompute its forward
@@ -161,6 +165,7 @@ def update(ctx: Context, roll: Rollout, logits: torch.Tensor, hidden: torch.Tens
             logp = logp.index_put(rows, token_logp(picked, roll.completion[rows], cfg.temperature))
             if old_logp is None:
                 old_logp = logp.detach()
+                region.anchor(picked)
                 if cfg.tis_cap is not None and roll.sampler_logp is not None:
                     # r = p_train_old / p_sampler on the trained tokens (elsewhere logp is a 0 filler)
                     is_weight, corrected = losses.tis_weights(
@@ -168,7 +173,8 @@ def update(ctx: Context, roll: Rollout, logits: torch.Tensor, hidden: torch.Tens
                     is_weight = is_weight.to(old_logp.device)
             loss, info = losses.grpo_loss(logp, old_logp, adv, sel.mask, valid, clip_low=cfg.clip_low,
                                           clip_high=cfg.clip_high, normalizer=sel.normalizer,
-                                          ref_logp=ref_logp, beta=cfg.beta, is_weight=is_weight)
+                                          ref_logp=ref_logp, beta=cfg.beta, is_weight=is_weight,
+                                          keep=region.keep(picked, logp, old_logp))
         ctx.optimizer.zero_grad(set_to_none=True)
         start = time.perf_counter()
         loss.backward()
@@ -177,7 +183,8 @@ def update(ctx: Context, roll: Rollout, logits: torch.Tensor, hidden: torch.Tens
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), max_norm)
         ctx.optimizer.step()
-    out = {**info, "loss": loss.item(), "grad_norm": float(grad_norm), "lr": ctx.optimizer.param_groups[0]["lr"],
+    out = {**info, **region.scalars(), "loss": loss.item(), "grad_norm": float(grad_norm),
+           "lr": ctx.optimizer.param_groups[0]["lr"],
            "time/backward": backward_seconds, "tokens/trained": float(len(rows[0]))}
     out.setdefault("kl", 0.0)
     out["kl/beta"] = float(cfg.beta)     # with kl = 0 it tells "no KL term" from "a KL term that does nothing"
@@ -233,7 +240,7 @@ def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, flo
         from forksight.trainer.probe import probe_step
 
         probe_step(ctx, step, batch, stats, sel.mask)
-    trained, corrected = update(ctx, batch.roll, logits, hidden, adv, sel, teacher_logits)
+    trained, corrected = update(ctx, batch.roll, logits, hidden, adv, sel, teacher_logits, stats.entropy)
     extra = {**sel.info, **trained}
     extra.update({"time/rollout": t_rollout - t0, "time/stats": t_stats - t_forward,
                   "time/step": time.perf_counter() - t0, "length/clip_frac": truncated_frac(ctx, batch.roll)})
