@@ -18,6 +18,7 @@ from forksight.hooks.capture.attach import AttachHandle, Integration
 from forksight.hooks.metrics.passk import pass_at_k_groups
 from forksight.hooks.capture.sample_log import as_text
 from forksight.hooks.metrics.summary import group_scalars
+from forksight.hooks.integrations import trl_trust
 from forksight.hooks.integrations.trl_rows import GenerationRows, length_mismatches, sampler_rows, trl_corrected
 
 log = logging.getLogger("forksight.trl")
@@ -80,6 +81,7 @@ class ForksightCallback(TrainerCallback):
         self._mismatched: list[tuple[int, int, int]] = []  # rows whose sampler log-probs miscount their tokens
         self._off_policy_seen = None  # the last forward record TRL's off-policy mask was applied to
         self._warned: set[str] = set()
+        self._trust = None            # trl_trust.TrlTrust: trust/* when generation batches are reused
 
     # ------------------------------------------------------------------ setup
     def bind(self, trainer) -> "ForksightCallback":
@@ -168,6 +170,8 @@ class ForksightCallback(TrainerCallback):
                 return keep
 
             trainer.get_off_policy_mask = keep_trls_off_policy_mask  # an instance attribute: detach deletes it
+        if trl_trust.applies(trainer):
+            self._trust = trl_trust.TrlTrust(trainer)
         if self.mode == "fused":
             self._patch_fused_head(model, trainer)
         original = trainer._generate_and_score_completions
@@ -301,11 +305,14 @@ class ForksightCallback(TrainerCallback):
 
     # ------------------------------------------------------------------ trainer events
     def on_log(self, args, state, control, logs=None, **kwargs):
+        prefix = _eval_prefix(logs or {})
+        # a training log closes TRL's logging window: trust/* of its micro-batches (every rank flushes)
+        trust_values = self._trust.flush() if self._trust is not None and logs and prefix is None else {}
         if self.sink is None or not logs or not state.is_world_process_zero:
             return
-        prefix = _eval_prefix(logs)
         values = {_eval_key(k, prefix): float(v) for k, v in logs.items()
                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        values.update(trust_values)
         if values:
             self.sink.log_scalars(state.global_step, values)
 
@@ -366,6 +373,9 @@ class ForksightCallback(TrainerCallback):
 
     def _uninstall(self) -> None:
         """Remove the hooks, the fused-head patch and the generation tap."""
+        if self._trust is not None:
+            self._trust.detach()
+            self._trust = None
         if self.trainer is not None:
             self.trainer.__dict__.pop("_generate_and_score_completions", None)
             self.trainer.__dict__.pop("get_high_entropy_mask", None)
