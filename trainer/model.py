@@ -101,7 +101,7 @@ def build_tiny(path: str | os.PathLike | None = None, spec: TinySpec = TinySpec(
 
     from forksight.trainer import shipped as ship
 
-    name = ship.base_name(spec) if shipped else None
+    name = ship.base_name(spec.key()) if shipped else None
     if name is not None:
         tag = ship.weights_of(name)[:8]
         return ship.materialize(name, Path(path) if path else cache_root() / "models" / f"tiny-qwen2-{spec.key()}-{tag}")

@@ -108,12 +108,10 @@ def is_materialized(name: str, out: Path) -> bool:
     return weights.exists() and (Path(out) / "config.json").exists() and sha256(weights) == weights_of(name)
 
 
-def base_name(spec) -> str | None:
-    """The shipped entry of a tiny-model spec: the default spec's, else none."""
-    from forksight.trainer.model import TinySpec
-
+def base_name(spec_key: str) -> str | None:
+    """The shipped entry of a tiny-model spec (by `TinySpec.key()`): the one it was built from, else none."""
     entry = manifest()["models"].get("tiny")
-    return "tiny" if entry is not None and entry.get("spec") == TinySpec().key() == spec.key() else None
+    return "tiny" if entry is not None and entry.get("spec") == spec_key else None
 
 
 def find_warm(base: Path, task_name: str, loss: str, target_pass: float, seed: int) -> str | None:

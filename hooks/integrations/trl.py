@@ -19,6 +19,7 @@ from forksight.hooks.metrics.passk import pass_at_k_groups
 from forksight.hooks.capture.sample_log import as_text
 from forksight.hooks.metrics.summary import group_scalars
 from forksight.hooks.integrations import trl_trust
+from forksight.hooks.integrations.trl_logs import eval_key as _eval_key, eval_prefix as _eval_prefix
 from forksight.hooks.integrations.trl_rows import GenerationRows, length_mismatches, sampler_rows, trl_corrected
 
 log = logging.getLogger("forksight.trl")
@@ -36,21 +37,6 @@ def trl_mode(version: str) -> str | None:
     """'logits', 'fused' or None (unknown version: scalar-only monitoring)."""
     parts = version.split(".")
     return SUPPORT.get(".".join(parts[:2])) if len(parts) >= 2 else None
-
-
-def _eval_prefix(logs: dict) -> str | None:
-    """The evaluation's metric prefix ("eval", or "eval_<name>" per set of a dict eval_dataset)."""
-    for key in logs:
-        if key.startswith("eval") and key.endswith("_runtime"):
-            return key[: -len("_runtime")]
-    return None
-
-
-def _eval_key(key: str, prefix: str | None) -> str:
-    """TRL adds its own eval metrics as "eval_<metric>" whatever the set: file them under the set."""
-    if prefix and prefix != "eval" and key.startswith("eval_") and not key.startswith(prefix + "_"):
-        return prefix + key[len("eval"):]
-    return key
 
 
 class ForksightCallback(TrainerCallback):
@@ -170,8 +156,7 @@ class ForksightCallback(TrainerCallback):
                 return keep
 
             trainer.get_off_policy_mask = keep_trls_off_policy_mask  # an instance attribute: detach deletes it
-        if trl_trust.applies(trainer):
-            self._trust = trl_trust.TrlTrust(trainer)
+        self._trust = trl_trust.TrlTrust(trainer) if trl_trust.applies(trainer) else None
         if self.mode == "fused":
             self._patch_fused_head(model, trainer)
         original = trainer._generate_and_score_completions
