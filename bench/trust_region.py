@@ -195,14 +195,19 @@ def findings(doc: dict) -> str:
             f"{_pct(_m(row, 'trust/tv_outside_frac/q4'))}). Of the clipped tokens "
             f"{_pct(_m(row, 'trust/clipped_inside_frac'))} had moved less than δ; of the unclipped, "
             f"{_pct(_m(row, 'trust/unclipped_outside_frac'))} had moved more.")
-    common, healthy = asymmetry(doc, "common"), asymmetry(doc, "sweep")
+    common, other = asymmetry(doc, "common"), asymmetry(doc, "sweep")
+    collapsed = {lr: (_row(doc, lr, "ratio", 4) or {}).get("collapsed") for lr in LRS}
+    seeds = len(doc["meta"]["seeds"])
     lines.append("")
     lines.append("**The paper's asymmetry** (the clip binding mostly on high-entropy tokens that barely moved): "
-                 + ("shown" if common else "not shown") + " on the collapsing common-lr runs, "
-                 + ("shown" if healthy else "not shown") + " on the sweep's-lr runs. "
-                 + ("A detector would need it on the runs that collapse and not on the healthy ones; "
-                    + ("that holds, so the case for one stands." if common and not healthy else
-                       "that does not hold here, so forksight adds no trust-region detector.")))
+                 + ("shown" if common else "not shown") + f" at the common lr (4 updates: {collapsed['common']}/{seeds} "
+                 "runs collapsed), " + ("shown" if other else "not shown")
+                 + f" at the sweep's lr (4 updates: {collapsed['sweep']}/{seeds} collapsed). "
+                 + ("A detector would need it on the runs that collapse and not on the others; "
+                    + ("that holds, so the case for one stands." if common and not other else
+                       "here it marks the ratio clip itself, collapsing or not, so forksight adds no "
+                       "trust-region detector: the trust/* scalars show it, and the clip's existing alerts "
+                       "(clip_saturation, clip_asymmetry) keep watching its share.")))
     ratio, tv = _row(doc, "common", "ratio", 4), _row(doc, "common", "tv", 4)
     if ratio is not None and tv is not None:
         f_r, f_t = ratio["figures"], tv["figures"]
