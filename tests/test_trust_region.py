@@ -113,7 +113,7 @@ def test_step_scalars_against_numpy():
     clipped = rng.uniform(size=n) < 0.3
     fork = h >= 0.672
     got = trust.step_scalars(clipped=torch.tensor(clipped), tv=torch.tensor(tv), entropy=torch.tensor(h),
-                             fork=torch.tensor(fork), tv_delta=0.15)
+                             tv_delta=0.15)
     out = tv > 0.15
     assert got["trust/clip_frac"] == pytest.approx(clipped.mean())
     assert got["trust/tv_mean"] == pytest.approx(tv.mean(), rel=1e-6)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Strategy = Literal["all", "fork", "ict", "random", "stapo", "maxtok", "mintok", "rand1tok"]
-TrustRegion = Literal["ratio", "tv", "binary-kl", "topk-kl", "kl"]   # hooks.metrics.trust.REGIONS
+TrustRegion = Literal["ratio", "tv", "binary-kl", "topk-kl", "kl"]   # ratio + hooks.metrics.trust.DEFAULT_DELTA's
 STRATEGIES: tuple[str, ...] = ("all", "fork", "ict", "random", "stapo", "maxtok", "mintok", "rand1tok")
 DISTILL_STRATEGIES = ("maxtok", "mintok", "rand1tok")
 

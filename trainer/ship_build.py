@@ -35,10 +35,9 @@ def _warm_one(home: str, base: str, warm: shipped.Warm) -> tuple[str, str, dict]
     torch.set_num_threads(1)
     config = load_config(None, warm.preset, {"seed": warm.seed})
     task = make_task(config.task, level=config.level, reverse=config.reverse, graded=config.graded)
-    target = config.teacher_pass if warm.teacher else config.warmup_pass
-    out = ensure_warm(base, task, target_pass=target, loss=config.warmup_loss, seed=warm.seed,
+    out = ensure_warm(base, task, target_pass=config.warmup_pass, loss=config.warmup_loss, seed=warm.seed,
                       max_seconds=config.warmup_max_seconds, progress=False, shipped=False)
-    key = {"base": warm.base, "task": task.name, "loss": config.warmup_loss, "target_pass": target,
+    key = {"base": warm.base, "task": task.name, "loss": config.warmup_loss, "target_pass": config.warmup_pass,
            "seed": warm.seed}
     return warm.name, str(out), key
 
@@ -56,19 +55,17 @@ def rebuild(workers: int = 2) -> dict:
              "machine": platform.machine(), "date": time.strftime("%Y-%m-%d")}
     folders = {"tiny": base}
     models = {"tiny": {"spec": TinySpec().key(), "about": "TinySpec() at its seed: random init + BPE tokenizer"}}
-    # warm-ups of the base first; a teacher (a warm-up of a warm-up) after its base
-    for wave in ([w for w in shipped.WARMUPS if w.base == "tiny"], [w for w in shipped.WARMUPS if w.base != "tiny"]):
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            jobs = [pool.submit(_warm_one, home, str(folders[w.base]), w) for w in wave]
-            for job in jobs:
-                name, out, key = job.result()
-                folders[name] = Path(out)
-                info = json.loads((Path(out) / "warmup.json").read_text())
-                if not info.get("reached"):
-                    raise SystemExit(f"warm-up {name} stopped short of its target: {info}; rerun on a quieter machine")
-                models[name] = {"warmup": key, "about": info}
-                print(f"ship_build: {name} pass@1 {info['pass@1']} after {info['steps']} steps, {info['seconds']} s",
-                      flush=True)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        jobs = [pool.submit(_warm_one, home, str(folders[w.base]), w) for w in shipped.WARMUPS]
+        for job in jobs:
+            name, out, key = job.result()
+            folders[name] = Path(out)
+            info = json.loads((Path(out) / "warmup.json").read_text())
+            if not info.get("reached"):
+                raise SystemExit(f"warm-up {name} stopped short of its target: {info}; rerun on a quieter machine")
+            models[name] = {"warmup": key, "about": info}
+            print(f"ship_build: {name} pass@1 {info['pass@1']} after {info['steps']} steps, {info['seconds']} s",
+                  flush=True)
     shutil.rmtree(shipped.SHIPPED, ignore_errors=True)
     shipped.SHIPPED.mkdir(parents=True)
     for name, folder in folders.items():

@@ -9,8 +9,9 @@ model is bit-identical everywhere; what still varies by machine is the RL trajec
 the tests bound with margins measured across kernel levels and seeds (bench/kernel_spread.py).
 
 Lookups are by content: a shipped warm-up applies when the base it would warm has the weights of
-its shipped base (SHA-256 of model.safetensors) and task, loss, target pass@1 and seed match, so
-the distillation teacher (a warm-up of the warm-up) is found the same way. `python -m
+its shipped base (SHA-256 of model.safetensors) and task, loss, target pass@1 and seed match (a
+warm-up of a shipped warm-up, such as a distillation teacher, would be found the same way; none
+ships yet). `python -m
 forksight.trainer.ship_build` builds them all again (a new set: new hashes, new figures).
 """
 from __future__ import annotations
@@ -36,7 +37,6 @@ class Warm:
     base: str            # the manifest entry it warms (the tiny base, or another warm-up)
     preset: str          # the preset whose task and warm-up settings it uses
     seed: int
-    teacher: bool = False  # warmed on to the preset's teacher_pass (distillation's teacher)
 
 
 # What the presets, the demo, the tests and bench/ start from: the readable preset over the three

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from forksight.base.constants import FORK_ENTROPY
 from forksight.hooks.metrics import trust
 from forksight.trainer.config import TrainConfig
 
@@ -17,9 +16,11 @@ class TrustTracker:
     def __init__(self, cfg: TrainConfig, adv: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor],
                  entropy: torch.Tensor | None):
         self.cfg, self.rows = cfg, rows
+        # a single update under the ratio clip trains where the policy has not moved from π_old
+        # (r = 1, every divergence 0 by construction): nothing to mask, nothing to report
+        self.active = cfg.trust_region != "ratio" or cfg.updates_per_batch > 1
         self.adv = (adv[rows[0]] if adv.dim() == 1 else adv[rows]).detach().float()
         self.entropy = entropy[rows].detach().float() if entropy is not None else None
-        self.fork = self.entropy >= FORK_ENTROPY if self.entropy is not None else None
         self.delta = cfg.effective_trust_delta
         # TV's δ for the monitoring: the region's own when it is TV, else DPPO's TV default
         self.tv_delta = self.delta if cfg.trust_region in ("ratio", "tv") else trust.DEFAULT_DELTA["tv"]
@@ -38,11 +39,12 @@ class TrustTracker:
     def keep(self, picked: torch.Tensor, logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor | None:
         """Record this update's trust/* and return DPPO's keep mask [B, T] (None: the ratio clip)."""
         cfg = self.cfg
+        if not self.active:
+            return None
         lp, olp = logp.detach()[self.rows].float(), old_logp[self.rows].float()
         clipped = trust.ratio_clipped(torch.exp(lp - olp), self.adv, cfg.clip_low, cfg.clip_high)
         tv = trust.binary_tv(lp, olp)
-        scalars = trust.step_scalars(clipped=clipped, tv=tv, entropy=self.entropy, fork=self.fork,
-                                     tv_delta=self.tv_delta)
+        scalars = trust.step_scalars(clipped=clipped, tv=tv, entropy=self.entropy, tv_delta=self.tv_delta)
         keep = None
         if cfg.trust_region != "ratio":
             divergence = self._divergence(picked, lp, olp, tv)
@@ -67,10 +69,9 @@ class TrustTracker:
         return trust.full_kl(picked, self.old_logq, temperature)
 
     def scalars(self) -> dict[str, float]:
-        """The step's trust/*: each key's mean over the updates, and how many updates there were.
-        None with a single update under the ratio clip: the policy has not moved from π_old when it
-        trains (r = 1, every divergence 0 by construction), so there is nothing to report."""
-        if not self.updates or (len(self.updates) == 1 and self.cfg.trust_region == "ratio"):
+        """The step's trust/*: each key's mean over the updates, and how many updates there were
+        (none when not `active`)."""
+        if not self.updates:
             return {}
         out = trust.mean_of(self.updates)
         out["trust/updates"] = float(len(self.updates))

@@ -11,7 +11,6 @@ import logging
 
 import torch
 
-from forksight.base.constants import FORK_ENTROPY
 from forksight.hooks.metrics import trust
 
 log = logging.getLogger("forksight.trl")
@@ -72,7 +71,6 @@ class TrlTrust:
         clipped = trust.ratio_clipped(torch.exp(lp - olp), a, trainer.epsilon_low, trainer.epsilon_high)
         h = entropies.detach()[mask].float() if entropies is not None else None
         self.pending.append(trust.step_scalars(clipped=clipped, tv=trust.binary_tv(lp, olp), entropy=h,
-                                               fork=h >= FORK_ENTROPY if h is not None else None,
                                                tv_delta=self.tv_delta))
 
     def flush(self) -> dict[str, float]:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import torch
 
-REGIONS = ("ratio", "tv", "binary-kl", "topk-kl", "kl")
-# DPPO's thresholds (verl's examples/dppo_trainer/run_qwen30b_dppo.sh): TV 0.15, KL 0.05
+from forksight.base.constants import FORK_ENTROPY
+
+# DPPO's regions (trainer/config.py's TrustRegion: these and "ratio") and their thresholds (verl's examples/dppo_trainer/run_qwen30b_dppo.sh): TV 0.15, KL 0.05
 DEFAULT_DELTA = {"tv": 0.15, "binary-kl": 0.05, "topk-kl": 0.05, "kl": 0.05}
 TOPK = 20               # top-K tokens of π_old kept per trained token for the top-K KL
 _EPS = 1e-12
@@ -85,9 +86,10 @@ def quartile_of(entropy: torch.Tensor) -> torch.Tensor:
 
 
 def step_scalars(*, clipped: torch.Tensor, tv: torch.Tensor, entropy: torch.Tensor | None,
-                 fork: torch.Tensor | None, tv_delta: float) -> dict[str, float]:
+                 tv_delta: float, fork_entropy: float = FORK_ENTROPY) -> dict[str, float]:
     """trust/* of one update over its trained tokens (1-D tensors of the same length): the ratio
-    clip's share, TV's mean and share above δ, each split by fork / non-fork and by entropy quartile
+    clip's share, TV's mean and share above δ, each split by fork (H ≥ fork_entropy) / non-fork
+    and by entropy quartile
     (`/q1` lowest … `/q4` highest), and the disagreement DPPO is about — the share of clipped tokens
     inside the TV region (clipped though they barely moved) and of unclipped ones outside it."""
     n = clipped.numel()
@@ -103,11 +105,10 @@ def step_scalars(*, clipped: torch.Tensor, tv: torch.Tensor, entropy: torch.Tens
     if (~clipped).any():
         out["trust/unclipped_outside_frac"] = float(outside[~clipped].float().mean())
     groups: dict[str, torch.Tensor] = {}
-    if fork is not None:
-        groups["fork"], groups["nonfork"] = fork.bool(), ~fork.bool()
     if entropy is not None:
+        fork = entropy.float() >= fork_entropy
         quartile = quartile_of(entropy.float())
-        groups.update({f"q{q}": quartile == q for q in range(1, 5)})
+        groups.update({"fork": fork, "nonfork": ~fork, **{f"q{q}": quartile == q for q in range(1, 5)}})
     for name, rows in groups.items():
         if rows.any():
             out[f"trust/clip_frac/{name}"] = float(clipped[rows].float().mean())
