@@ -14,17 +14,24 @@ import pandas as pd
 from forksight.base.constants import FORK_ENTROPY, MISMATCH_BANDS, MISMATCH_LIMIT
 from forksight.dashboard.figures import base_layout, clean, empty_figure
 
+TV_DELTA = 0.15             # DPPO's TV region (hooks/metrics/trust.py DEFAULT_DELTA["tv"]; torch-free here)
+
 METRICS = {"entropy": "entropy H", "renyi2": "Rényi-2 H2", "js": "JS to group",
-           "logp": "surprise −log p", "mismatch": "mismatch log r", "delta": "value Δ"}
+           "logp": "surprise −log p", "mismatch": "mismatch log r", "delta": "value Δ",
+           "tv": "binary TV"}
 UNITS = {"entropy": "nats", "renyi2": "nats", "js": "nats", "logp": "nats", "mismatch": "nats",
-         "delta": "reward"}
+         "delta": "reward", "tv": "probability"}
 HUES = {"entropy": (232, 89, 12), "renyi2": (95, 61, 196), "js": (11, 114, 133),
-        "logp": (201, 42, 42), "mismatch": (178, 24, 43), "delta": (43, 138, 62)}
+        "logp": (201, 42, 42), "mismatch": (178, 24, 43), "delta": (43, 138, 62),
+        "tv": (156, 54, 181)}
 # the mismatch scale diverges: r > 1 (the trainer's p above the sampler's) in HUES' red, r < 1 in blue
 BELOW_HUE = (33, 102, 172)
 # value Δ diverges too: a token that raised the expected reward in HUES' green, lowered it in red
 BELOW = {"delta": (201, 42, 42)}
 DIVERGING = ("mismatch", "delta")
+# metrics known for some tokens only: an unknown one is greyed, never drawn as "0" (no sampler
+# log p; not probed; not trained, or the batch trained once: no π_old to move from)
+PARTIAL = (*DIVERGING, "tv")
 PIVOT_DELTA = 0.2          # a pivotal token's least |Δ| (docs/algorithms.md §12): the Δ scale's floor
 # the token columns a metric is computed from (the others are columns of their own)
 SOURCES = {"mismatch": ("logp", "sampler_logp")}
@@ -34,7 +41,8 @@ TOP_QUANTILE = 0.95         # ...as this quantile, so one outlier does not pale 
 # the least top: a run that starts collapsed stays pale instead of being stretched to full colour
 FLOOR = {"entropy": 1.0, "renyi2": 1.0, "js": 0.05, "logp": 1.0,
          "mismatch": math.log(MISMATCH_BANDS[0]),   # ±log 2: the 2x band always fits on the scale
-         "delta": PIVOT_DELTA}                       # ±0.2: a pivotal Δ is always strongly coloured
+         "delta": PIVOT_DELTA,                       # ±0.2: a pivotal Δ is always strongly coloured
+         "tv": TV_DELTA}                             # DPPO's δ: a token outside its region is full colour
 BAND_MARKS = tuple((sign * math.log(b), f"{b:g}×" if sign > 0 else f"1/{b:g}×")
                    for b in MISMATCH_BANDS for sign in (-1, 1))
 
@@ -123,6 +131,8 @@ def metric_bound(metric: str, vocab_size: int | None) -> float:
         return MISMATCH_LIMIT
     if metric == "delta":           # a reward's range is the run's own: no bound
         return math.inf
+    if metric == "tv":              # a difference of two probabilities
+        return 1.0
     return math.log(vocab_size) if vocab_size and vocab_size > 1 else math.inf
 
 
@@ -147,9 +157,14 @@ def token_scale(early_values: Sequence[float] | np.ndarray, metric: str, *,
         where = where.replace("step", "probed step")
         source = f"± the {TOP_QUANTILE:.0%} quantile of |Δ| in {where}" if len(vals) \
             else "no value probes in this run yet"
+    if metric == "tv" and not len(vals):
+        source = f"no π_old in {where}"
     if top < FLOOR[metric]:
         top = FLOOR[metric]
-        if metric not in DIVERGING:
+        if metric == "tv":
+            source = (f"DPPO's δ {TV_DELTA:g} ({TOP_QUANTILE:.0%} of {where} lie inside its region)"
+                      if len(vals) else source)
+        elif metric not in DIVERGING:
             source = f"floor ({where} stay below it)"
         elif len(vals) and metric == "mismatch":
             source = f"±log 2, the 2× band ({TOP_QUANTILE:.0%} of {where} lie inside it)"
@@ -157,10 +172,11 @@ def token_scale(early_values: Sequence[float] | np.ndarray, metric: str, *,
             source = f"±{PIVOT_DELTA:g}, the pivot threshold ({TOP_QUANTILE:.0%} of |Δ| in {where} lie inside it)"
     bound = metric_bound(metric, vocab_size)
     if top > bound:
-        top, source = bound, {"js": "ln 2, the largest JS", "mismatch": "±4, the histogram's end"
-                              }.get(metric, "ln|V|, uniform")
+        top, source = bound, {"js": "ln 2, the largest JS", "mismatch": "±4, the histogram's end",
+                              "tv": "1, the largest TV"}.get(metric, "ln|V|, uniform")
     marks = {"entropy": ((FORK_ENTROPY, "fork"),), "mismatch": BAND_MARKS,
-             "delta": ((-PIVOT_DELTA, "pivot"), (PIVOT_DELTA, "pivot"))}.get(metric, ())
+             "delta": ((-PIVOT_DELTA, "pivot"), (PIVOT_DELTA, "pivot")),
+             "tv": ((TV_DELTA, "DPPO δ"),)}.get(metric, ())
     return TokenScale(metric, float(top), source, marks, empty=not len(vals))
 
 
@@ -177,7 +193,9 @@ def position_step_heatmap(tokens: pd.DataFrame | None, scale: TokenScale | str =
                             else "no token rows for this prompt", height=280 if metric != "delta" else 120)
     if metric not in tokens or not tokens[metric].notna().any():
         return empty_figure(f"no {METRICS[metric]} in these token rows"
-                            + (" (no sampler log p)" if metric == "mismatch" else ""), height=120)
+                            + {"mismatch": " (no sampler log p)",
+                               "tv": " (each batch trained once: no π_old to move from)"}.get(metric, ""),
+                            height=120)
     shown = tokens.assign(value=-tokens[metric] if metric == "logp" else tokens[metric])
     table = shown.pivot_table(index="pos", columns="step", values="value", aggfunc="mean")
     ticks = scale.ticks()

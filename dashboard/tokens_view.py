@@ -10,7 +10,7 @@ import pandas as pd
 from dash import html
 
 from forksight.dashboard.probe_figures import probe_lines
-from forksight.dashboard.token_figures import (METRICS, UNITS, TokenScale, token_scale,
+from forksight.dashboard.token_figures import (METRICS, PARTIAL, UNITS, TokenScale, token_scale,
                                                with_log_ratio)
 
 def _fmt(value, digits: int = 4) -> str:
@@ -35,6 +35,15 @@ def mismatch_line(row: dict) -> list[str]:
             f"ratio p_train/p_sampler {_exp(log_r):.4g}   log r {log_r:+.4f}"]
 
 
+def trust_line(row: dict) -> list[str]:
+    """The hover's line on the trust region: the ratio to the policy that sampled the batch, DPPO's
+    binary TV and whether the ratio clip bound the token; nothing when π_old is unknown."""
+    if row.get("tv") is None or row.get("ratio") is None:
+        return []
+    return [f"ratio π/π_old {row['ratio']:.4g}   binary TV {row['tv']:.4f}   "
+            f"ratio clip bound it {_fmt(row.get('clipped'))}"]
+
+
 def token_title(row: dict) -> str:
     """Hover text with every number of one token (plain text in a title attribute)."""
     p = _exp(row.get("logp"))
@@ -45,6 +54,7 @@ def token_title(row: dict) -> str:
         f"top-1 p {_fmt(row.get('top1'))}   fork {_fmt(row.get('fork'))}   "
         f"trained on {_fmt(row.get('selected'))}",
         *mismatch_line(row),
+        *trust_line(row),
         *probe_lines(row),
         *(["environment text (tool output): not sampled from the policy, not scored"] if row.get("env") else []),
     ])
@@ -54,8 +64,9 @@ def token_spans(tokens: pd.DataFrame, metric: str = "entropy", scale: TokenScale
                 ) -> list[html.Span]:
     """One html.Span per token row (ordered by position): text as children, colour by metric
     on `scale` (default: a scale read from these rows), class `fork` (outlined) and `sel`
-    (underlined) where the data says so, `nolr` (greyed) for a token a diverging mode cannot
-    colour (no sampler log p; not probed), `pivot` (marked) for a pivotal token in value Δ."""
+    (underlined) where the data says so, `nolr` (greyed) for a token a mode that knows only some
+    tokens cannot colour (no sampler log p; not probed; not trained from a π_old), `pivot` (marked)
+    for a pivotal token in value Δ, `clip` (marked) for a token the ratio clip bound in binary TV."""
     if metric == "mismatch" and "mismatch" not in tokens:
         tokens = with_log_ratio(tokens)
     if scale is None:
@@ -70,9 +81,11 @@ def token_spans(tokens: pd.DataFrame, metric: str = "entropy", scale: TokenScale
             classes.append("sel")
         if scale.metric == "delta" and row.get("pivotal") is not None and bool(row["pivotal"]):
             classes.append("pivot")
+        if scale.metric == "tv" and row.get("clipped") is not None and bool(row["clipped"]):
+            classes.append("clip")
         if row.get("env"):       # a tool's or environment's text: shown in place, never scored
             classes.append("env")
-        elif scale.diverging and scale.shown(row.get(scale.metric)) is None:
+        elif scale.metric in PARTIAL and scale.shown(row.get(scale.metric)) is None:
             classes.append("nolr")   # unknown, not "the engines agree" (which is clear too)
         text = row.get("token")
         spans.append(html.Span(
@@ -144,12 +157,16 @@ def legend(scale: TokenScale) -> html.Div:
         html.Span("environment text", className="tok env", style={"marginLeft": "10px"}),
         *([html.Span("pivotal", className="tok pivot", style={"marginLeft": "10px"})]
           if scale.metric == "delta" else []),
+        *([html.Span("ratio clip bound it", className="tok clip", style={"marginLeft": "10px"})]
+          if scale.metric == "tv" else []),
     ])
 
 
 def mismatch_notes(scale: TokenScale) -> list:
     """What the mismatch legend says beside its bar: that a run has no sampler log p at all, or
     which way the colours go."""
+    if scale.metric == "tv":
+        return trust_notes(scale)
     if not scale.diverging:
         return []
     if scale.metric == "delta":
@@ -172,4 +189,16 @@ def probe_notes(scale: TokenScale) -> list:
     return [html.Span("Δ = V after − V before the token (mean reward of K sampled continuations): "
                       "green, the token raised the expected reward; red, lowered it; grey text: not "
                       "probed; ◆ pivotal (|Δ| ≥ 0.2 and > 2 SE)",
+                      className="scale-source", style={"flexBasis": "100%", "order": 9})]
+
+
+def trust_notes(scale: TokenScale) -> list:
+    """What the binary TV legend says beside its bar: that the run has no π_old, or what it shows."""
+    if scale.empty:
+        return [html.Span("no π_old in this run: TV is known where a batch is trained more than once "
+                          "(forksight train --updates-per-batch N or a DPPO --trust-region; TRL "
+                          "num_iterations > 1): tokens stay uncoloured", className="notice", id="tok-no-trust")]
+    return [html.Span("binary TV = |π(y) − π_old(y)| at the batch's last update, π_old the policy that "
+                      "sampled it (DPPO's divergence); ▲ the PPO ratio clip bound the token; grey text: "
+                      "not trained, or π_old unknown",
                       className="scale-source", style={"flexBasis": "100%", "order": 9})]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
+import pandas as pd
 import pytest
 
 import forksight.trl
@@ -40,9 +42,10 @@ def _run(model_path, tmp, name: str, **kw) -> dict:
         trainer.train()
     sink.flush()
     scalars = sink.reader.read_scalars(sink.run_id, downsample=100000)
+    tokens = pd.concat([sink.reader.read_tokens(sink.run_id, s) for s in sink.reader.token_steps(sink.run_id)])
     callback.detach()
     sink.finish()
-    return {"trainer": trainer, "scalars": {k: dict(zip(g.step, g.value)) for k, g in scalars.groupby("key")}}
+    return {"trainer": trainer, "tokens": tokens, "scalars": {k: dict(zip(g.step, g.value)) for k, g in scalars.groupby("key")}}
 
 
 @pytest.fixture(scope="module")
@@ -77,4 +80,23 @@ def test_detach_removes_the_loss_taps(reused):
 def test_a_run_without_reuse_stores_no_trust_scalars(tiny_model_path, tmp_path):
     run = _run(tiny_model_path, tmp_path, "fresh")
     assert not [k for k in run["scalars"] if k.startswith("trust/")]
+    assert len(run["tokens"]) and run["tokens"].tv.isna().all() and run["tokens"].clipped.isna().all()
     assert "clip_ratio/region_mean" in run["scalars"]
+
+
+def test_token_columns_are_stored_and_agree_with_the_stored_log_p(reused):
+    """Each stored token's ratio, TV and clip, from the micro-batch that trained it: TV = π(y)·|1 − 1/r|
+    with π(y) = exp(logp) of the same forward; TV exactly 0 and r exactly 1 on the first update of each
+    generation batch (steps 1, 5, 9: TRL recomputes π_old with the same weights); the clip flag only where
+    the ratio left [1 − ε_low, 1 + ε_high]."""
+    tokens, trainer = reused["tokens"], reused["trainer"]
+    model = tokens[~tokens.env & tokens.entropy.notna()]
+    assert model.tv.notna().all() and model.clipped.notna().all()
+    ratio, logp = model.ratio.to_numpy(np.float64), model.logp.to_numpy(np.float64)
+    np.testing.assert_allclose(model.tv.to_numpy(np.float64), np.exp(logp) * np.abs(1 - 1 / ratio), atol=2e-5)
+    first = model.step.isin(range(1, STEPS + 1, 4))
+    assert (model[first].tv == 0).all() and (model[first].ratio == 1).all()
+    assert model[~first].tv.max() > 0
+    outside = (ratio < 1 - trainer.epsilon_low) | (ratio > 1 + trainer.epsilon_high)
+    assert not (model.clipped.to_numpy(bool) & ~outside).any()
+    assert model.clipped.any()

@@ -207,3 +207,29 @@ def test_default_deltas_are_dppos():
     assert load_config(preset="tiny-test").effective_trust_delta == 0.15
     assert load_config(preset="tiny-test", overrides={"trust_region": "kl"}).effective_trust_delta == 0.05
     assert math.isclose(load_config(preset="tiny-test", overrides={"trust_delta": 0.3}).effective_trust_delta, 0.3)
+
+
+def test_stored_token_columns_agree_with_the_stored_log_p_and_the_group_rewards(tmp_path):
+    """ratio, tv and clipped of the last of three updates, stored per token, checked against what
+    else is stored: tv = π_old(y)·|r − 1| with π_old(y) = exp(logp) (the rollout's statistics), and
+    clipped = the ratio outside the clip range on the side the sample's advantage (the sign of its
+    reward minus its group's mean) pushes."""
+    name = "token-columns"
+    scalars = _stored(tmp_path, name, updates_per_batch=3, token_groups=8)
+    step = 1 + int(np.argmax(scalars["trust/clip_frac"]))     # steps count from 1; the one the clip bound most
+    cfg = load_config(preset="tiny-test")
+    with Store(str(tmp_path / f"{name}.duckdb")) as store:
+        tokens = store.reader.read_tokens(name, step)
+        samples = store.reader.read_samples(name, step=step)
+    trained = tokens[tokens.selected & ~tokens.env]
+    assert len(trained) and trained.tv.notna().all() and trained.clipped.notna().all()
+    assert tokens[~tokens.selected].tv.isna().all()         # untrained: unknown, not 0
+    ratio, logp = trained.ratio.to_numpy(np.float64), trained.logp.to_numpy(np.float64)
+    np.testing.assert_allclose(trained.tv.to_numpy(np.float64), np.exp(logp) * np.abs(ratio - 1), atol=2e-5)
+    assert trained.tv.max() > 0                              # the policy moved by the third update
+    mean = samples.groupby("group_id").reward.transform("mean")
+    sign = dict(zip(samples.sample_id, np.sign(samples.reward - mean)))
+    a = trained.sample_id.map(sign).to_numpy()
+    expected = ((ratio < 1 - cfg.clip_low) & (a < 0)) | ((ratio > 1 + cfg.clip_high) & (a > 0))
+    np.testing.assert_array_equal(trained.clipped.to_numpy(bool), expected)
+    assert expected.any() and not expected.all()             # the clip bound some tokens, not all

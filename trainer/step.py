@@ -135,10 +135,12 @@ def selection(ctx: Context, step: int, roll: Rollout, logits: torch.Tensor, stat
 
 def update(ctx: Context, roll: Rollout, logits: torch.Tensor, hidden: torch.Tensor | None, adv: torch.Tensor,
            sel: Selection, teacher_logits: torch.Tensor | None,
-           entropy: torch.Tensor | None = None) -> tuple[dict[str, float], torch.Tensor | None]:
-    """Loss, backward, gradient all-reduce and optimiser step(s) on the selected tokens; also the
-    tokens the TIS correction truncated ([B, T] bool, None without tis_cap). entropy [B, T]: the
-    step's H, for the trust/* splits by fork and quartile (None: unsplit)."""
+           entropy: torch.Tensor | None = None) -> tuple[dict[str, float], dict[str, object]]:
+    """Loss, backward, gradient all-reduce and optimiser step(s) on the selected tokens; also what
+    the update learnt per token: `corrected`, the tokens the TIS correction truncated ([B, T] bool,
+    None without tis_cap), and `trust`, the last update's ratio, TV and clip per token (None when
+    the batch had one update under the ratio clip). entropy [B, T]: the step's H, for the trust/*
+    splits by fork and quartile (None: unsplit)."""
     cfg, valid = ctx.config, roll.mask
     head = ctx.model.get_output_embeddings()
     ref_logp = None
@@ -188,11 +190,11 @@ def update(ctx: Context, roll: Rollout, logits: torch.Tensor, hidden: torch.Tens
            "time/backward": backward_seconds, "tokens/trained": float(len(rows[0]))}
     out.setdefault("kl", 0.0)
     out["kl/beta"] = float(cfg.beta)     # with kl = 0 it tells "no KL term" from "a KL term that does nothing"
-    return out, corrected
+    return out, {"corrected": corrected, "trust": region.tokens}
 
 
 def report_step(ctx: Context, step: int, batch: Batch, stats: metrics.TokenStats, sel: Selection,
-                adv: torch.Tensor, extra: dict[str, float], corrected: torch.Tensor | None = None) -> dict[str, float]:
+                adv: torch.Tensor, extra: dict[str, float], per_token: dict | None = None) -> dict[str, float]:
     """Ship the step through the StepReporter; sample and group ids are unique across ranks."""
     cfg, roll = ctx.config, batch.roll
     samples = [{"prompt": batch.problems[i // cfg.group_size].prompt, "completion": text,
@@ -204,7 +206,7 @@ def report_step(ctx: Context, step: int, batch: Batch, stats: metrics.TokenStats
                                   advantages=adv, samples=samples, extra=extra, weight=float(roll.mask.sum()),
                                   sample_ids=range(ctx.rank * rows_here, (ctx.rank + 1) * rows_here),
                                   sampler_logp=roll.sampler_logp if ctx.capture_sampler_logp else None,
-                                  corrected=corrected)
+                                  **(per_token or {}))
     ctx.report_seconds = time.perf_counter() - start  # for benchmarks; not streamed
     return scalars
 
@@ -240,13 +242,13 @@ def train_step(ctx: Context, step: int, *, report: bool = True) -> dict[str, flo
         from forksight.trainer.probe import probe_step
 
         probe_step(ctx, step, batch, stats, sel.mask)
-    trained, corrected = update(ctx, batch.roll, logits, hidden, adv, sel, teacher_logits, stats.entropy)
+    trained, per_token = update(ctx, batch.roll, logits, hidden, adv, sel, teacher_logits, stats.entropy)
     extra = {**sel.info, **trained}
     extra.update({"time/rollout": t_rollout - t0, "time/stats": t_stats - t_forward,
                   "time/step": time.perf_counter() - t0, "length/clip_frac": truncated_frac(ctx, batch.roll)})
     if not report or ctx.reporter is None:
         return extra
-    return report_step(ctx, step, batch, stats, sel, adv, extra, corrected)
+    return report_step(ctx, step, batch, stats, sel, adv, extra, per_token)
 
 
 def _all_reduce_grads(model, world: int) -> None:

@@ -1,6 +1,7 @@
 """One rollout batch's trust region across its updates (`update` in trainer/step.py): DPPO's keep
-mask for the loss when `trust_region` is not the ratio clip, and the `trust/*` scalars of every
-update over the trained tokens, the step's value their mean over the updates (as TRL logs a step).
+mask for the loss when `trust_region` is not the ratio clip, the `trust/*` scalars of every
+update over the trained tokens, the step's value their mean over the updates (as TRL logs a step),
+and the last update's ratio, TV and clip per token (the stored token columns).
 The formulas live in hooks/metrics/trust.py, shared with the TRL and verl integrations."""
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class TrustTracker:
         self.old_topk: tuple[torch.Tensor, torch.Tensor] | None = None
         self.old_logq: torch.Tensor | None = None
         self.updates: list[dict[str, float]] = []
+        self.tokens: dict[str, torch.Tensor] | None = None   # the last update's ratio, tv, clipped [B, T]
 
     def anchor(self, picked: torch.Tensor) -> None:
         """π_old's distribution at the trained tokens (first update), as much as the region needs:
@@ -42,8 +44,10 @@ class TrustTracker:
         if not self.active:
             return None
         lp, olp = logp.detach()[self.rows].float(), old_logp[self.rows].float()
-        clipped = trust.ratio_clipped(torch.exp(lp - olp), self.adv, cfg.clip_low, cfg.clip_high)
+        ratio = torch.exp(lp - olp)
+        clipped = trust.ratio_clipped(ratio, self.adv, cfg.clip_low, cfg.clip_high)
         tv = trust.binary_tv(lp, olp)
+        self.tokens = trust.token_columns(tuple(logp.shape), self.rows, ratio, tv, clipped)
         scalars = trust.step_scalars(clipped=clipped, tv=tv, entropy=self.entropy, tv_delta=self.tv_delta)
         keep = None
         if cfg.trust_region != "ratio":

@@ -144,6 +144,11 @@ TOKENS = Table("tokens", (
     Column("sampler_logp", pa.float32(), "log p of the sampled token under the engine that sampled it "
            "(vLLM, SGLang, a bf16 sampler); null where unknown. logp − sampler_logp is the "
            "training–inference mismatch"),
+    Column("ratio", pa.float32(), "π(y_t)/π_old(y_t) at the batch's last update, π_old the policy that sampled "
+           "it (several updates per batch); null where not trained or π_old is unknown"),
+    Column("tv", pa.float32(), "DPPO's binary TV |π(y_t) − π_old(y_t)| at the batch's last update; null as ratio"),
+    Column("clipped", pa.bool_(), "the PPO ratio clip bound this token at that update (outside [1 − ε_low, "
+           "1 + ε_high] on the side its advantage pushes); null as ratio"),
 ))
 
 SAMPLES = Table("samples", (

@@ -1,7 +1,8 @@
 """Run page, live: entropy (band, Rényi-2, JS, reference lines, alerts, forecast), the entropy
 distribution heatmap, the training–inference mismatch (when the run logs it: KL, out-of-band
 fractions, fork split, the ratio histogram), reward/pass@k/gap, held-out pass@k against the base
-model (when the run logs eval/pass@k), training signals and any other scalar. New steps
+model (when the run logs eval/pass@k), value probes, the trust region (when a batch trains more than once:
+the ratio clip against DPPO's TV by entropy quartile), training signals and any other scalar. New steps
 arrive as Patches every 750 ms (live.TICK_MS); the whole page redraws only when a control changes."""
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from forksight.dashboard.run_options import run_options, searchable
 from forksight.dashboard.run_view import Controls, draw_run, heatmap_kept, status_line, tick_run
 from forksight.dashboard.wire import wire_figure
 
-GRAPHS = ("entropy", "heatmap", "mismatch", "ratios", "passk", "signals", "custom", "heldout", "probes")
+GRAPHS = ("entropy", "heatmap", "mismatch", "ratios", "passk", "signals", "custom", "heldout", "probes",
+          "trust")
+WRAPPED = ("mismatch", "heldout", "probes", "trust")    # panels shown only for runs that log them
 HIDDEN = {"display": "none"}
 _CONFIG = {"displaylogo": False, "responsive": True}
 START = Controls()      # the controls as a page opens (the layout's first draw uses them)
@@ -96,6 +99,9 @@ def layout(run: str | None = None, step: str | None = None, **_query) -> html.Di
             # shown only for a run that logs value probes (probe/* scalars)
             html.Div(dcc.Graph(id="run-probes", config=_CONFIG, figure=figure("probes")),
                      id="run-probes-wrap", style=None if first and first["probes"] else HIDDEN),
+            # shown only for a run that logs trust/* (a batch trained more than once, or DPPO's region)
+            html.Div(dcc.Graph(id="run-trust", config=_CONFIG, figure=figure("trust")),
+                     id="run-trust-wrap", style=None if first and first["trust"] else HIDDEN),
             dcc.Graph(id="run-signals", config=_CONFIG, figure=figure("signals")),
             html.Div(className="controls", children=[
                 html.Label("other scalars by name"),
@@ -118,7 +124,7 @@ def drawn(run_id: str, controls: Controls, focus: int | None) -> dict:
                    dash.get_relative_path("/"), focus=focus)
     return {"figures": {g: shown(g, out["figures"][g], focus, controls.x_axis) for g in GRAPHS},
             "state": out["state"], "banner": out["banner"], "mismatch": out["mismatch"],
-            "heldout": out["heldout"], "probes": out["probes"],
+            "heldout": out["heldout"], "probes": out["probes"], "trust": out["trust"],
             "status": status_line(out["run"], out["state"]), "other_keys": out["other_keys"],
             "health": verdict_chip(out["verdict"], id="run-verdict")}
 
@@ -127,6 +133,11 @@ def shown(graph: str, figure: dict, focus: int | None, x_axis: str) -> dict:
     """A figure as it travels: the focus step marked on every chart over steps (not on the
     ratio histogram, whose x is a ratio)."""
     return wire_figure(figure if graph == "ratios" else with_focus(figure, focus, x_axis))
+
+
+def wraps(out: dict) -> list:
+    """Each optional panel's wrapper style: shown where the run logs its scalars."""
+    return [None if out[w] else HIDDEN for w in WRAPPED]
 
 
 def register(app: dash.Dash) -> None:
@@ -142,63 +153,56 @@ def register(app: dash.Dash) -> None:
     @app.callback(*graphs, Output("run-state", "data"), Output("run-banner", "children"),
                   Output("run-status", "children"), Output("run-custom-keys", "options"),
                   Output("run-health", "children"), Output("run-charts", "style"),
-                  Output("run-mismatch-wrap", "style"), Output("run-heldout-wrap", "style"),
-                  Output("run-probes-wrap", "style"),
+                  *[Output(f"run-{w}-wrap", "style") for w in WRAPPED],
                   Input("run-select", "value"), *controls, State("run-focus", "data"),
                   State("run-state", "data"), prevent_initial_call=True)
     def draw(run_id, smoothing, x_axis, log_y, points, custom, focus, previous):
         if not run_id:             # nothing picked: the notice above says why, no empty axes
             empty = empty_figure("", height=40)
-            return (*[empty] * len(GRAPHS), None, [], "", [], None, HIDDEN, HIDDEN, HIDDEN, HIDDEN)
+            return (*[empty] * len(GRAPHS), None, [], "", [], None, HIDDEN, *[HIDDEN] * len(WRAPPED))
         out = drawn(run_id, Controls.from_inputs(smoothing, x_axis, log_y, points, custom), focus)
         figures, state = [out["figures"][g] for g in GRAPHS], out["state"]
         kept = heatmap_kept(previous, state)
         if kept is not None:       # e.g. the smoothing slider moved: the heatmap stays as drawn
             figures[GRAPHS.index("heatmap")], state = no_update, kept
         return (*figures, state, out["banner"], out["status"], out["other_keys"], out["health"],
-                None, None if out["mismatch"] else HIDDEN, None if out["heldout"] else HIDDEN,
-                None if out["probes"] else HIDDEN)
+                None, *wraps(out))
 
     @app.callback(*[Output(f"run-{g}", "figure", allow_duplicate=True) for g in GRAPHS],
                   Output("run-state", "data", allow_duplicate=True),
                   Output("run-banner", "children", allow_duplicate=True),
                   Output("run-status", "children", allow_duplicate=True),
                   Output("run-health", "children", allow_duplicate=True),
-                  Output("run-mismatch-wrap", "style", allow_duplicate=True),
-                  Output("run-heldout-wrap", "style", allow_duplicate=True),
-                  Output("run-probes-wrap", "style", allow_duplicate=True),
+                  *[Output(f"run-{w}-wrap", "style", allow_duplicate=True) for w in WRAPPED],
                   Input("run-tick", "n_intervals"), State("run-state", "data"),
                   *[State(c.component_id, c.component_property) for c in controls],
                   State("run-focus", "data"), prevent_initial_call=True)
     def tick(_n, state, smoothing, x_axis, log_y, points, custom, focus):
         if not state:
-            return (no_update,) * (len(GRAPHS) + 7)
+            return (no_update,) * (len(GRAPHS) + 4 + len(WRAPPED))
         app_state = data.current()
         reader = app_state.reader
         ctl = Controls.from_inputs(smoothing, x_axis, log_y, points, custom)
         if state.get("controls") != ctl.key():  # a redraw for new controls is in flight
-            return (no_update,) * (len(GRAPHS) + 7)
+            return (no_update,) * (len(GRAPHS) + 4 + len(WRAPPED))
         prefix = dash.get_relative_path("/")
         out = tick_run(reader, state, ctl, prefix, focus=focus)
         if out["redraw"]:                       # a new forecast or the first step: redraw once
             full = draw_run(reader, state["run_id"], ctl, app_state.run_frames, prefix, focus=focus)
             return (*[shown(g, full["figures"][g], focus, x_axis) for g in GRAPHS],
                     full["state"], full["banner"], status_line(full["run"], full["state"]),
-                    verdict_chip(full["verdict"], id="run-verdict"),
-                    None if full["mismatch"] else HIDDEN,
-                    None if full["heldout"] else HIDDEN, None if full["probes"] else HIDDEN)
+                    verdict_chip(full["verdict"], id="run-verdict"), *wraps(full))
         chip = no_update if out["verdict"] is None else verdict_chip(out["verdict"],
                                                                      id="run-verdict")
         if all(p is None for p in out["figures"].values()) and out["banner"] is None:
             new_state = out["state"] if out["state"] != state else no_update
-            return (no_update,) * len(GRAPHS) + (new_state, no_update, no_update, chip, no_update,
-                                                 no_update, no_update)
+            return (no_update,) * len(GRAPHS) + (new_state, no_update, no_update, chip) \
+                + (no_update,) * len(WRAPPED)
         figures = [out["figures"].get(g) for g in GRAPHS]
         return (*[no_update if f is None else shown(g, f, focus, x_axis) if isinstance(f, dict)
                   else f for g, f in zip(GRAPHS, figures)], out["state"],
                 out["banner"] if out["banner"] is not None else no_update,
-                status_line(reader.run(state["run_id"]), out["state"]), chip, no_update, no_update,
-                no_update)
+                status_line(reader.run(state["run_id"]), out["state"]), chip, *(no_update,) * len(WRAPPED))
 
     @app.callback(Output("run-tick", "disabled"), Output("run-pause", "children"),
                   Input("run-pause", "n_clicks"), prevent_initial_call=True)

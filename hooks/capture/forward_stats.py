@@ -33,6 +33,9 @@ class ForwardRecord:
     selected: Tensor | None = None
     sampler_logp: Tensor | None = None   # the inference engine's log p of each token (NaN: unknown)
     corrected: Tensor | None = None      # tokens the run's own mismatch correction truncated or masked
+    ratio: Tensor | None = None          # π/π_old per trained token (NaN elsewhere), when π_old is known
+    tv: Tensor | None = None             # DPPO's binary TV, likewise
+    clipped: Tensor | None = None        # the PPO ratio clip bound the token
 
 
 def _first_valid_column(mask: Tensor) -> int:

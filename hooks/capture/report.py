@@ -49,12 +49,15 @@ class StepReporter:
                extra: dict[str, float] | None = None, weight: float | None = None,
                sample_ids: Sequence[int] | None = None, parts: torch.Tensor | None = None,
                env_mask: torch.Tensor | None = None, sampler_logp: torch.Tensor | None = None,
-               corrected: torch.Tensor | None = None) -> dict[str, float]:
+               corrected: torch.Tensor | None = None,
+               trust: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
         """Ship one step to the sink and return its scalars. sample_ids: stored id per row (unique across
         ranks); parts: micro-batch per row (means per micro-batch, as TRL logs them); env_mask: tokens
         a tool wrote, stored as token rows with null statistics and never counted. sampler_logp [B, T]:
         the inference engine's log p of each sampled token, aligned with stats.logp (NaN: unknown);
-        corrected [B, T]: tokens the run's own mismatch correction truncated or masked."""
+        corrected [B, T]: tokens the run's own mismatch correction truncated or masked. trust: the
+        `ratio`, `tv` ([B, T] float, NaN: unknown) and `clipped` ([B, T] bool) of each trained token
+        at the batch's last update (hooks/metrics/trust.py: `token_columns`), stored as token columns."""
         mask = stats.mask.bool()
         if fork is None:
             fork = (stats.entropy >= self.fork_entropy) & mask
@@ -88,7 +91,8 @@ class StepReporter:
             counts = metrics.histogram(ratios[~torch.isnan(ratios)].numpy(), MISMATCH_EDGES)
             self.sink.log_histogram(step, "mismatch_log_ratio", counts, MISMATCH_EDGES)
         env = env_mask.bool() & ~mask if env_mask is not None else torch.zeros_like(mask)
-        rows = self._token_rows(stats, token_ids, mask, env, fork, selected, group_list, ids, sampler_logp)
+        rows = self._token_rows(stats, token_ids, mask, env, fork, selected, group_list, ids, sampler_logp,
+                                self._trust(trust, mask))
         if rows:
             self.sink.log_tokens(step, rows)
         if samples:
@@ -110,13 +114,24 @@ class StepReporter:
             self._warn("values", problem)
         return values
 
+    def _trust(self, trust: dict[str, torch.Tensor] | None, mask: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """The trust columns if they match the step's shape (else warned once and stored as null)."""
+        if not trust:
+            return None
+        bad = [k for k, v in trust.items() if tuple(v.shape) != tuple(mask.shape)]
+        if bad:
+            self._warn("trust_shape", f"trust columns {bad} do not have the step's token shape {tuple(mask.shape)}: "
+                                      "this step's ratio, tv and clipped are not stored")
+            return None
+        return trust
+
     def _warn(self, kind: str, message: str) -> None:
         if kind not in self._warned:
             self._warned.add(kind)
             warnings.warn(message, stacklevel=3)
 
     def _token_rows(self, stats, token_ids, mask, env, fork, selected, group_list, sample_ids,
-                    sampler_logp=None) -> dict[str, list] | None:
+                    sampler_logp=None, trust=None) -> dict[str, list] | None:
         """Token rows for every rollout of the first `token_groups` groups, capped in size; the
         environment's tokens keep their place in the text with null statistics."""
         shown = (mask | env).any(1).tolist()  # a rank's rows: other ranks' rows have no tokens here
@@ -128,6 +143,10 @@ class StepReporter:
         fields = _TOKEN_FIELDS
         if sampler_logp is not None:
             arrays["sampler_logp"], fields = _np(sampler_logp), _TOKEN_FIELDS + ("sampler_logp",)
+        clipped_np = None
+        if trust is not None:       # ratio, tv: NaN (null) off the trained tokens; clipped null there too
+            arrays.update(ratio=_np(trust["ratio"]), tv=_np(trust["tv"]))
+            fields, clipped_np = fields + ("ratio", "tv"), _np(trust["clipped"]).astype(bool)
         fork_np = _np(fork).astype(bool)
         sel_np = _np(selected).astype(bool) if selected is not None else None
         mask_np, env_np = _np(mask).astype(bool), _np(env).astype(bool)
@@ -148,6 +167,9 @@ class StepReporter:
             cols["fork"] += (fork_np[r, positions] & model).tolist()
             cols["selected"] += (sel_np[r, positions] & model).tolist() if sel_np is not None else [False] * n
             cols["env"] += (~model).tolist()
+            if clipped_np is not None:
+                known = model & ~np.isnan(arrays["tv"][r, positions])
+                cols["clipped"] += [bool(c) if k else None for c, k in zip(clipped_np[r, positions], known)]
         return dict(cols) if cols.get("pos") else None
 
     def _token_texts(self, ids: list[int]) -> list[str]:

@@ -55,6 +55,10 @@ class StepBuffer:
         sampler = (gather("sampler_logp", float("nan"), torch.float32)
                    if any(r.sampler_logp is not None for r in records) else None)
         corrected = gather("corrected", False, torch.bool) if any(r.corrected is not None for r in records) else None
+        trust = None
+        if any(r.tv is not None for r in records):
+            trust = {"ratio": gather("ratio", float("nan"), torch.float32), "tv": gather("tv", float("nan"), torch.float32),
+                     "clipped": gather("clipped", False, torch.bool)}
         parts = None
         if per_forward_means:  # micro-batch of each row, as TRL averages its per-micro-batch means
             parts = torch.full((size,), -1, dtype=torch.long)
@@ -66,4 +70,4 @@ class StepBuffer:
             adv = torch.as_tensor([float(a) for a in advantages[:size]], device=device)
         return reporter.report(step, stats, gather("tokens", 0, torch.long), selected=selected, group_ids=groups,
                                advantages=adv, extra=dict(extra or {}), parts=parts, env_mask=env,
-                               sampler_logp=sampler, corrected=corrected)
+                               sampler_logp=sampler, corrected=corrected, trust=trust)

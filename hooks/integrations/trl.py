@@ -156,7 +156,8 @@ class ForksightCallback(TrainerCallback):
                 return keep
 
             trainer.get_off_policy_mask = keep_trls_off_policy_mask  # an instance attribute: detach deletes it
-        self._trust = trl_trust.TrlTrust(trainer) if trl_trust.applies(trainer) else None
+        self._trust = (trl_trust.TrlTrust(trainer, records=lambda: self.handle.buffer.records if self.handle else None)
+                       if trl_trust.applies(trainer) else None)
         if self.mode == "fused":
             self._patch_fused_head(model, trainer)
         original = trainer._generate_and_score_completions

@@ -28,8 +28,10 @@ class TrlTrust:
     """Wraps the trainer's `_compute_loss` and `_get_per_token_logps_and_entropies` (instance
     attributes: `detach` deletes them) to record each training micro-batch's trust/*."""
 
-    def __init__(self, trainer, tv_delta: float = trust.DEFAULT_DELTA["tv"]):
-        self.trainer, self.tv_delta = trainer, tv_delta
+    def __init__(self, trainer, tv_delta: float = trust.DEFAULT_DELTA["tv"], records=None):
+        """records: () -> the forward records of the step being accumulated (the callback's buffer):
+        the micro-batch's ratio, TV and clip per token go onto the record of its forward."""
+        self.trainer, self.tv_delta, self.records = trainer, tv_delta, records
         self.pending: list[dict[str, float]] = []
         self._inside, self._last, self._failed = False, None, False
         inner_logps, inner_loss = trainer._get_per_token_logps_and_entropies, trainer._compute_loss
@@ -68,10 +70,24 @@ class TrlTrust:
         adv = inputs["advantages"]
         adv = (adv.unsqueeze(1) if adv.dim() == 1 else adv).expand_as(logps)
         lp, olp, a = logps[mask].float(), old[mask].float(), adv[mask].float()
-        clipped = trust.ratio_clipped(torch.exp(lp - olp), a, trainer.epsilon_low, trainer.epsilon_high)
+        ratio = torch.exp(lp - olp)
+        clipped = trust.ratio_clipped(ratio, a, trainer.epsilon_low, trainer.epsilon_high)
+        tv = trust.binary_tv(lp, olp)
         h = entropies.detach()[mask].float() if entropies is not None else None
-        self.pending.append(trust.step_scalars(clipped=clipped, tv=trust.binary_tv(lp, olp), entropy=h,
-                                               tv_delta=self.tv_delta))
+        self.pending.append(trust.step_scalars(clipped=clipped, tv=tv, entropy=h, tv_delta=self.tv_delta))
+        self._attach(trust.token_columns(tuple(mask.shape), mask.nonzero(as_tuple=True), ratio, tv, clipped))
+
+    def _attach(self, columns: dict[str, torch.Tensor]) -> None:
+        """Put the micro-batch's columns on the record of the forward `_compute_loss` just made (the
+        record keeps the last `width` completion columns); a later update of the same rows overwrites."""
+        records = self.records() if self.records is not None else None
+        if not records or records[-1].mask.shape[0] != columns["tv"].shape[0]:
+            return
+        record, width = records[-1], records[-1].mask.shape[1]
+        if width > columns["tv"].shape[1]:
+            return
+        for name, grid in columns.items():
+            setattr(record, name, grid[:, grid.shape[1] - width:].to(record.mask.device))
 
     def flush(self) -> dict[str, float]:
         """The mean of each trust/* over the micro-batches since the last flush (TRL's logging window)."""

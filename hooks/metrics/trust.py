@@ -117,6 +117,21 @@ def step_scalars(*, clipped: torch.Tensor, tv: torch.Tensor, entropy: torch.Tens
     return out
 
 
+def token_columns(shape: tuple[int, int], rows: tuple[torch.Tensor, torch.Tensor], ratio: torch.Tensor,
+                  tv: torch.Tensor, clipped: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The stored token columns `ratio`, `tv` ([B, T] float32, NaN off the trained tokens) and
+    `clipped` ([B, T] bool) from one update's values at the trained tokens `rows`."""
+    out = {}
+    for name, values in (("ratio", ratio), ("tv", tv)):
+        grid = torch.full(shape, float("nan"), dtype=torch.float32)
+        grid[rows[0].cpu(), rows[1].cpu()] = values.detach().float().cpu()
+        out[name] = grid
+    grid = torch.zeros(shape, dtype=torch.bool)
+    grid[rows[0].cpu(), rows[1].cpu()] = clipped.detach().bool().cpu()
+    out["clipped"] = grid
+    return out
+
+
 def mean_of(updates: list[dict[str, float]]) -> dict[str, float]:
     """The step's trust/* as the mean over its updates of each key (a key absent from an update,
     e.g. a split with no token, is averaged over the updates that have it), as TRL logs a step."""
