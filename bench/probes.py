@@ -65,7 +65,7 @@ def _one(model: str, strategy: str, lr: float, seed: int, args, work: Path) -> t
     record = {"strategy": strategy, "lr": lr, "seed": seed, "seconds": round(time.perf_counter() - started, 1)}
     record.update(_run_figures(scalars, rows, steps, args))
     print(f"{name}: {json.dumps(record)[:300]}", file=sys.stderr, flush=True)
-    return record, rows.assign(run=name)
+    return record, rows.assign(run=name, seed=seed)
 
 
 def _at(scalars, key: str, step: int) -> float | None:
@@ -100,6 +100,17 @@ def _run_figures(scalars, rows, steps: list[int], args) -> dict:
                      "share_of_step_time_every_n": round(float(probe_s / (args.every * step_time)), 3),
                      # the budget's rule: probing at most 10% of training time
                      "min_every_at_default_budget": int(math.ceil(probe_s / (0.1 * step_time)))}}
+
+
+DISTINCT = "each distinct probed token once"
+# what makes a probed token itself: the runs of one seed share weights, rollout and probe seed at
+# step 1, so their first probes are the same tokens with the same values, which pooling must count once
+IDENTITY = ("seed", "step", "sample_id", "pos", "token_id", "entropy", "v_before", "v_after")
+
+
+def distinct(rows):
+    """Each distinct probed token once (rows of several runs, each with its RL `seed`)."""
+    return rows.drop_duplicates(subset=[c for c in IDENTITY if c in rows.columns], ignore_index=True)
 
 
 def _pooled(rows) -> dict:
@@ -146,6 +157,14 @@ def markdown(out: dict) -> str:
             f"{' / '.join(_f(rec.get(k)) for k in ('fork', 'ict', 'own', 'random'))} | "
             f"{_f(pooled.get('spearman_entropy_delta'))} | {_f(r['cost']['seconds_per_probed_completion'])} | "
             f"{r['cost']['min_every_at_default_budget']} |")
+    if m.get("pooled") != DISTINCT:
+        first = out.get("pooled_first_probe", {})
+        lines += ["", f"**Counted before issue 50's fix:** the runs of one seed share weights, rollout and probe "
+                  f"seed at step 1, so their first probes are the same tokens, and these pooled figures count "
+                  f"each of those up to six times (step 1: {first.get('probed_tokens')} tokens and "
+                  f"{first.get('pivotal_tokens')} pivots pooled, a sixth of that distinct; the step-1 shares are "
+                  "unchanged by it, the pooled ones slightly). `bench/probes.py` now counts each distinct probed "
+                  "token once; rerun it for corrected pooled counts."]
     lines += ["", "Pooled over every probed token of every run: precision and recall of \"H ≥ τ\" as a "
               "detector of pivotal tokens (base rate: share of probed tokens that are pivotal = "
               f"{_f(out['pooled'].get('pivotal_frac'), 4)}).", "", "| τ | share of tokens | precision | recall |",
@@ -197,12 +216,13 @@ def main() -> None:
                     all_rows.append(rows)
     import pandas as pd
 
-    everything = pd.concat(all_rows, ignore_index=True)
+    everything = distinct(pd.concat(all_rows, ignore_index=True))
     out = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": _commit(),
                     "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
                     "preset": "readable", "steps": args.steps, "probe_every": args.every, "samples": args.samples,
                     "k": args.k, "positions": "all", "seeds": args.seeds, "warm_start": "seed-0 warm-up for every run",
-                    "pivotal": "|delta| >= 0.2 and |delta| > 2 SE", "fork": "H >= 0.672 (FORK_ENTROPY)"},
+                    "pivotal": "|delta| >= 0.2 and |delta| > 2 SE", "fork": "H >= 0.672 (FORK_ENTROPY)",
+                    "pooled": DISTINCT},
            "pooled": _pooled(everything),
            "pooled_first_probe": _pooled(everything[everything.step == 1]),
            "pooled_last_probe": _pooled(everything[everything.step == args.steps]),

@@ -24,7 +24,8 @@ PRECISION = (("probe/fork_precision", "fork precision: probed forks that are piv
 RECALL = (("probe/recall/fork", "fork (top-20% H)", "#7048e8", "solid"),
           ("probe/recall/ict", "ICT (top-10% JS)", "#0b7285", "solid"),
           ("probe/recall/own", "the run's own selection", "#2b8a3e", "solid"),
-          ("probe/recall/random", "baseline: random, same count", "#868e96", "dash"))
+          ("probe/recall/random", "baseline: random, as many as fork", "#868e96", "dash"),
+          ("probe/recall/random/ict", "baseline: random, as many as ICT", "#0b7285", "dot"))
 PANEL_KEYS = tuple(k for k, *_ in PRECISION + RECALL)
 
 

@@ -121,3 +121,54 @@ def test_bad_settings_rewards_and_vocabularies_are_refused_naming_the_problem(se
     vocab = model.get_input_embeddings().weight.shape[0]
     with pytest.raises(ValueError, match=f"token id {vocab + 5}, outside this model's vocabulary of {vocab}"):
         probe(model, [ProbeInput(0, prompt, [vocab + 5])], _first_token_reward(rewarded), ProbeSettings(k=2), **kw)
+
+
+def test_every_end_of_sequence_id_of_the_model_ends_a_prefix_and_a_continuation(setup):
+    """A model whose generation_config lists a second EOS (Qwen2.5-Instruct lists two): a completion
+    that ended on it is ended (its value determined, SE 0), and no continuation runs past it."""
+    from forksight.hooks.metrics.value_probe import stop_ids
+
+    model, tok, prompt, completion, _, _ = setup
+    other = completion[1]                                  # a token the model samples: now an EOS too
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = [tok.eos_token_id, other]
+    try:
+        ids = stop_ids(model, tok)
+        assert set(ids) == {tok.eos_token_id, other}
+        scored: list[list[int]] = []
+
+        def reward(i, c):
+            scored.append(list(c))
+            return float(len(c) % 2)
+        rows = probe(model, [ProbeInput(0, prompt, completion[:2])], reward,
+                     ProbeSettings(k=32, positions="all", temperature=1.5, max_new_tokens=8, seed=2), eos_id=ids)
+    finally:
+        model.generation_config.eos_token_id = saved
+    last = rows[-1]
+    assert last["pos"] == 1 and last["se_after"] == 0.0 and last["v_after"] == float(2 % 2)
+    for c in scored:                   # each stops at its first end-of-sequence id, whichever it is
+        ends = [j for j, t in enumerate(c) if t in ids]
+        assert not ends or ends[0] == len(c) - 1, c
+    assert any(c[-1] == other for c in scored[:-1] if len(c) < 8)   # the second EOS did stop some
+
+
+def test_the_models_own_generation_config_does_not_leak_into_the_continuations(setup):
+    """A repetition penalty, a min_p, suppressed and banned tokens in the model's generation_config
+    (Qwen2.5-Instruct ships repetition_penalty 1.05) change nothing: the same seed gives the same
+    values as on a model without them, and the model's config is left as it was."""
+    model, tok, prompt, completion, _, _ = setup
+    reward = lambda i, ids: float(sum(ids) % 2)          # noqa: E731 - depends on the whole continuation
+    settings = ProbeSettings(k=16, positions="all", temperature=TEMPERATURE, max_new_tokens=8, seed=5)
+    inputs = [ProbeInput(0, prompt, completion)]
+    clean = probe(model, inputs, reward, settings, eos_id=tok.eos_token_id)
+    config = model.generation_config
+    saved = {k: getattr(config, k) for k in ("repetition_penalty", "min_p", "suppress_tokens", "bad_words_ids")}
+    config.repetition_penalty, config.min_p = 5.0, 0.3
+    config.suppress_tokens, config.bad_words_ids = [completion[0]], [[completion[2]]]
+    try:
+        polluted = probe(model, inputs, reward, settings, eos_id=tok.eos_token_id)
+        assert model.generation_config is config and config.repetition_penalty == 5.0
+    finally:
+        for k, v in saved.items():
+            setattr(config, k, v)
+    assert polluted == clean

@@ -55,3 +55,22 @@ def test_nothing_to_count_leaves_the_number_out():
     for key in ("probe/fork_precision", "probe/pivot_fork_share", "probe/spearman_entropy_delta",
                 "probe/recall/fork"):
         assert key not in out
+
+
+def test_each_rule_has_a_random_baseline_of_its_own_count():
+    """fork picks 20% of tokens, ict 10% per response, own whatever the run trained on: a rule is
+    compared with random picks of its own count per completion (issue 50, item 0). A run that trains
+    on every token recalls every pivot, and so does its matched baseline: no lift."""
+    import random
+
+    masks = rule_masks(SIGNALS, seed=0)
+    for rule, base in (("fork", "random"), ("ict", "random/ict"), ("own", "random/own")):
+        assert {s: len(p) for s, p in masks[base].items()} == {s: len(p) for s, p in masks[rule].items()}, rule
+        for s, picked in masks[base].items():
+            assert picked <= set(range(len(ENTROPY[s]))), rule
+    rng = random.Random(0)                            # fork's baseline keeps the draws it always had
+    assert masks["random"] == {0: set(rng.sample(range(5), 2)), 1: set(rng.sample(range(4), 0))}
+    everything = [TokenSignals(s, ENTROPY[s], JS[s], [True] * len(ENTROPY[s])) for s in (0, 1)]
+    out = probe_scalars(ROWS, everything, completions=2, seed=0)
+    assert out["probe/recall/own"] == 1.0 and out["probe/recall/random/own"] == 1.0
+    assert out["probe/recall/random"] <= 1.0 and "probe/recall/random/ict" in out

@@ -154,3 +154,64 @@ def test_a_model_whose_vocabulary_does_not_fit_the_stored_ids_is_refused(tmp_pat
                  "--reward", f"{REWARDS}:starts_with_digit"])
     err = capsys.readouterr().err
     assert code == 2 and ("does not match the run's" in err or "outside this model's vocabulary" in err), err
+
+
+def test_a_verl_runs_completion_cap_is_its_max_response_length(tmp_path, tiny_model_path, capsys):
+    """verl's integration stores the cap as max_response_length: the continuations run to it, not to
+    the longest stored completion (two tokens here), which made every value come out low."""
+    import json
+
+    from forksight.compose.local import LocalSink
+
+    db = str(tmp_path / "verl.duckdb")
+    sink = LocalSink(db, "verl-run", config={"verl": "0.9.1", "max_response_length": 40, "temperature": 1.0})
+    sink.log_samples(1, [{"sample_id": 0, "prompt": "Q: 1+1= A:", "completion": "x", "reward": 0.0}])
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_path))
+    sink.log_tokens(1, {"sample_id": [0, 0], "pos": [0, 1], "token_id": [7, 9], "token": [tok.decode([7]), tok.decode([9])]})
+    sink.finish()
+    code = main(["probe", "--db", db, "--run", "verl-run", "--step", "1", "--model", str(tiny_model_path),
+                 "--reward", f"{REWARDS}:starts_with_digit", "--k", "2"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-2000:]
+    assert json.loads(captured.out.strip().splitlines()[-1])["max_new_tokens"] == 40
+
+
+def test_a_reused_generation_is_probed_when_any_of_its_steps_is_due_and_masked_completions_never_count(
+        tmp_path, one_torch_thread):
+    """TRL reusing each generation for μ = 2 steps (num_iterations=2) with probe_every=2: batches start at
+    steps 1, 3, 5, so probing on global_step + 1 alone fired at step 1 only, silently. And with
+    mask_truncated_completions, a cut-off completion has no token: it is never picked, and
+    probe/completions counts the completions probed. The readable warm-up (shipped) ends some answers
+    within 22 tokens and not others."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from forksight.trainer.model import load
+    from forksight.trainer.shipped import materialize
+
+    path = materialize("readable-s0", tmp_path / "readable")
+    model, tokenizer = load(str(path))
+    config = GRPOConfig(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True, bf16=False, seed=0,
+                        per_device_train_batch_size=8, num_generations=4, max_completion_length=22,
+                        learning_rate=1e-4, max_steps=6, logging_steps=1, save_strategy="no", disable_tqdm=True,
+                        num_iterations=2, mask_truncated_completions=True)
+    data = Dataset.from_list([{"prompt": f"{10 + 7 * i}+{20 + 3 * i}:"} for i in range(64)])
+    trainer = GRPOTrainer(model=model, args=config, reward_funcs=even_first_token, train_dataset=data,
+                          processing_class=tokenizer)
+    db = str(tmp_path / "trl.duckdb")
+    callback = forksight.trl.attach(trainer, db=db, run="reused", probe_every=2, probe_samples=8, probe_k=2,
+                                    probe_positions=1, probe_budget=100.0)
+    trainer.train()
+    callback.detach()
+    with Store(db) as store:
+        reader = store.reader
+        assert reader.probe_steps("reused") == [1, 3, 5]
+        scalars = reader.read_scalars("reused", keys=["probe/completions"])
+        truncated = reader.read_scalars("reused", keys=["completions/clipped_ratio"])
+        for step in (1, 3, 5):
+            probed = reader.read_probes("reused", step)["sample_id"].nunique()
+            assert scalars[scalars.step == step].value.iloc[0] == probed, step
+        assert 0 < truncated.value.max(), "no completion was cut off: the test needs some"
+        assert min(scalars.value) < 8 or truncated.value.max() == 0

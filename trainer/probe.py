@@ -9,7 +9,7 @@ import torch
 
 from forksight.hooks.capture.step_probe import StepProber
 from forksight.hooks.metrics.probe_stats import TokenSignals
-from forksight.hooks.metrics.value_probe import ProbeInput, ProbeSettings
+from forksight.hooks.metrics.value_probe import ProbeInput, ProbeSettings, stop_ids
 
 
 def make_prober(config, sink, tokenizer) -> StepProber | None:
@@ -51,5 +51,5 @@ def probe_step(ctx: Any, step: int, batch: Any, stats: Any, selected: torch.Tens
     def reward(j: int, ids: list[int]) -> float:
         return ctx.task.verify(problems[j], tok.decode(ids, skip_special_tokens=True))[0]
 
-    return ctx.prober.run(step, ctx.model, inputs, signals, reward, eos_id=tok.eos_token_id,
+    return ctx.prober.run(step, ctx.model, inputs, signals, reward, eos_id=stop_ids(ctx.model, tok),
                           pad_id=tok.pad_token_id)

@@ -15,6 +15,18 @@ from typing import Any, Callable
 
 from forksight.compose.probe_source import ProbeInputError, open_source
 
+# the run's completion length cap as each producer stores it: the bundled trainer, TRL, verl
+CAP_KEYS = ("max_new_tokens", "max_completion_length", "max_response_length")
+
+
+def completion_cap(config: dict) -> int | None:
+    """The stored run's completion length cap (the continuations' length), None when it has none."""
+    for key in CAP_KEYS:
+        value = config.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1:
+            return int(value)
+    return None
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("probe", help="Monte-Carlo value probes of a stored step (which tokens decide "
@@ -116,7 +128,7 @@ def _run(args: argparse.Namespace, source) -> int:
     from tqdm.auto import tqdm
 
     from forksight.hooks.metrics.probe_stats import TokenSignals, probe_scalars
-    from forksight.hooks.metrics.value_probe import ProbeInput, ProbeSettings, RewardError, probe
+    from forksight.hooks.metrics.value_probe import ProbeInput, ProbeSettings, RewardError, probe, stop_ids
 
     with source:
         fn = load_reward(args.reward)
@@ -135,8 +147,7 @@ def _run(args: argparse.Namespace, source) -> int:
         settings = ProbeSettings(
             k=args.k, positions=positions, seed=args.seed,
             temperature=args.temperature or float(config.get("temperature") or 1.0),
-            max_new_tokens=args.max_new_tokens or int(config.get("max_new_tokens")
-                                                      or config.get("max_completion_length") or max_len),
+            max_new_tokens=args.max_new_tokens or completion_cap(config) or max_len,
             first_token_eos="max_new_tokens" not in config,       # the bundled trainer samples min_new_tokens=1
             pivot_delta=args.pivot_delta, pivot_se=args.pivot_se)
         try:
@@ -176,7 +187,7 @@ def _run(args: argparse.Namespace, source) -> int:
 
         start = time.perf_counter()
         try:
-            rows = probe(model, inputs, reward, settings, eos_id=tokenizer.eos_token_id,
+            rows = probe(model, inputs, reward, settings, eos_id=stop_ids(model, tokenizer),
                          pad_id=tokenizer.pad_token_id, decode=lambda t: tokenizer.decode([t]), progress=bar)
         except RewardError as exc:
             raise ProbeInputError(f"--reward {args.reward}: {exc}; nothing was written") from None
@@ -186,5 +197,6 @@ def _run(args: argparse.Namespace, source) -> int:
         scalars["probe/seconds"] = time.perf_counter() - start
         source.write(args.run, args.step, rows, scalars)
         print(json.dumps({"run": args.run, "step": args.step, "completions": len(inputs), "positions": len(rows),
+                          "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature,
                           "scalars": {k: round(v, 5) for k, v in scalars.items()}}))
     return 0

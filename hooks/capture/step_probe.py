@@ -38,10 +38,17 @@ class StepProber:
         """The first step (where the run starts from) and every `every`-th."""
         return step == 1 or step % self.every == 0
 
-    def pick(self, n: int, step: int) -> list[int]:
-        """Which of the step's n completions to probe (seeded by the probe's seed and the step)."""
+    def due_within(self, step: int, span: int) -> bool:
+        """Whether a batch that trains steps step … step + span − 1 (a generation reused over several
+        optimiser steps) holds a due step: it is probed then, with the policy that sampled it."""
+        return any(self.due(s) for s in range(step, step + max(1, span)))
+
+    def pick(self, rows: int | Sequence[int], step: int) -> list[int]:
+        """Which of the step's completions to probe (seeded by the probe's seed and the step): of
+        range(rows), or of the given row indices (those with a token to probe)."""
+        pool = range(rows) if isinstance(rows, int) else list(rows)
         rng = random.Random(self.settings.seed * 7_919 + step)
-        return sorted(rng.sample(range(n), min(n, self.samples)))
+        return sorted(rng.sample(pool, min(len(pool), self.samples)))
 
     def training_seconds(self) -> float:
         return time.perf_counter() - self.started - self.spent
@@ -54,7 +61,7 @@ class StepProber:
             log.warning(text)
 
     def run(self, step: int, model, inputs: Sequence[ProbeInput], signals: Sequence[TokenSignals],
-            reward: Reward, *, eos_id: int, pad_id: int | None = None) -> dict[str, float] | None:
+            reward: Reward, *, eos_id: int | Sequence[int], pad_id: int | None = None) -> dict[str, float] | None:
         """Probe `inputs` (already picked) at `step`; the scalars logged, or None when skipped."""
         train = self.training_seconds()
         predicted = (self.per_completion or 0.0) * len(inputs)

@@ -3,7 +3,10 @@ probe_samples=P, probe_k=K)`. Each probed step's generation batch is probed righ
 generated it (the policy of that step, before it trains on the batch): the prompt ids as TRL
 tokenised them (chat template included), the completions' own ids, the trainer's model (HF
 generate) and the trainer's own reward_funcs called with the sample's dataset columns as TRL calls
-them (weighted by reward_weights; a function returning None counts as TRL's NaN). Off by default."""
+them (weighted by reward_weights; a function returning None counts as TRL's NaN). A generation TRL
+reuses over μ optimiser steps (num_iterations, steps_per_generation) is probed when any of its steps
+is due, stored at its first step (the policy probed); completions TRL masked out whole
+(mask_truncated_completions) are never picked nor counted. Off by default."""
 from __future__ import annotations
 
 import inspect
@@ -16,7 +19,7 @@ import torch
 from forksight.hooks.capture.step_probe import StepProber
 from forksight.hooks.metrics.probe_stats import TokenSignals
 from forksight.hooks.metrics.token_stats import token_stats
-from forksight.hooks.metrics.value_probe import ProbeInput, ProbeSettings, RewardError
+from forksight.hooks.metrics.value_probe import ProbeInput, ProbeSettings, RewardError, stop_ids
 
 log = logging.getLogger("forksight.trl")
 PROBE_OPTIONS = ("probe_every", "probe_samples", "probe_k", "probe_positions", "probe_budget", "probe_seed")
@@ -24,6 +27,14 @@ PROBE_OPTIONS = ("probe_every", "probe_samples", "probe_k", "probe_positions", "
 
 def _noop(*args, **kwargs) -> None:
     return None
+
+
+def generation_span(args) -> int:
+    """Optimiser steps one TRL generation batch trains (μ): it is generated every
+    steps_per_generation × num_iterations micro-batches, gradient_accumulation_steps per step."""
+    micro = (getattr(args, "steps_per_generation", None) or args.gradient_accumulation_steps) \
+        * max(1, int(getattr(args, "num_iterations", 1) or 1))
+    return max(1, round(micro / max(1, int(args.gradient_accumulation_steps or 1))))
 
 
 class TrlProbe:
@@ -47,8 +58,8 @@ class TrlProbe:
 
         def generate_and_probe(inputs):
             out = inner(inputs)
-            step = trainer.state.global_step + 1         # the step this batch is about to train
-            if trainer.model.training and self.prober.due(step):
+            step = trainer.state.global_step + 1         # the first step this batch is about to train
+            if trainer.model.training and self.prober.due_within(step, generation_span(trainer.args)):
                 try:
                     self.probe(step, inputs, out)       # a failing reward: StepProber warns once, skips
                 except Exception as exc:  # noqa: BLE001 - a probe must never break the run
@@ -85,7 +96,12 @@ class TrlProbe:
         comp_ids, comp_mask = out["completion_ids"], out["completion_mask"].bool()
         local = comp_ids.shape[0]
         offset = trainer.accelerator.process_index * local
-        picked = self.prober.pick(local, step)
+        # a completion TRL masked out whole (mask_truncated_completions) has no token to probe
+        eligible = [i for i in range(local) if bool(comp_mask[i].any())]
+        if not eligible:
+            log.info("forksight: no completion of step %d has a token to probe (all masked); probe skipped", step)
+            return
+        picked = self.prober.pick(eligible, step)
         # entropy and JS of the whole local batch (JS is to the group's mean: every rollout counts)
         ids = torch.cat([prompt_ids, comp_ids], 1)
         attn = torch.cat([prompt_mask, comp_mask], 1).long()
@@ -105,7 +121,7 @@ class TrlProbe:
             signals.append(TokenSignals(offset + i, entropy, js))
             examples.append(inputs[i])
         self.prober.run(step, trainer.model, items, signals, lambda j, c: self._reward(examples[j], c),
-                        eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id)
+                        eos_id=stop_ids(trainer.model, self.tokenizer), pad_id=self.tokenizer.pad_token_id)
 
 
 def attach(trainer, db: str | None = None, url: str | None = None, run: str | None = None, **kwargs):

@@ -3,8 +3,11 @@ fork precision (share of probed forks that are pivotal), the share of pivotal to
 forks, mean |Δ| on fork and non-fork tokens, Spearman ρ(H, |Δ|), pivotal tokens per completion, and
 each selection rule's recall of the pivotal tokens, the rules computed on the same completions:
 `fork` (top-20% entropy of the probed completions' tokens), `ict` (top-10% JS per response),
-`random` (as many tokens as `fork`, per completion) and `own` (what the run trained on). Recall is
-over the probed positions: with `positions=all` it is the recall of every pivotal token."""
+`random` (as many tokens as `fork`, per completion) and `own` (what the run trained on). The rules
+pick unequal counts (20%, 10% per response, all or some), so each has its own random baseline of the
+same count per completion: `random` for `fork`, `random/ict`, `random/own`; a rule beats chance only
+against its own. Recall is over the probed positions: with `positions=all` it is the recall of every
+pivotal token."""
 from __future__ import annotations
 
 import math
@@ -45,11 +48,6 @@ def rule_masks(signals: Sequence[TokenSignals], *, fork_rho: float = 0.2, ict_rh
         values, valid = _padded([s.entropy for s in with_h])
         mask, _ = top_rho_mask(values.float(), valid, fork_rho)
         out["fork"] = {s.sample_id: set(mask[i].nonzero().flatten().tolist()) for i, s in enumerate(with_h)}
-        rng = random.Random(seed)
-        out["random"] = {}
-        for i, s in enumerate(with_h):
-            n = int(valid[i].sum())
-            out["random"][s.sample_id] = set(rng.sample(range(n), min(n, len(out["fork"][s.sample_id]))))
     with_js = [s for s in signals if s.js is not None and any(v is not None for v in s.js)]
     if with_js:
         values, valid = _padded([s.js for s in with_js])
@@ -57,7 +55,22 @@ def rule_masks(signals: Sequence[TokenSignals], *, fork_rho: float = 0.2, ict_rh
         out["ict"] = {s.sample_id: set(mask[i].nonzero().flatten().tolist()) for i, s in enumerate(with_js)}
     if signals and all(s.selected is not None for s in signals):
         out["own"] = {s.sample_id: {t for t, on in enumerate(s.selected) if on} for s in signals}
-    return {rule: picked for rule, picked in out.items() if set(picked) == set(ids)}
+    out = {rule: picked for rule, picked in out.items() if set(picked) == set(ids)}
+    lengths = {s.sample_id: _length(s) for s in signals}
+    for rule in [r for r in ("fork", "ict", "own") if r in out]:
+        # fork's baseline keeps the name `random` and its draws (the stored figures' baseline)
+        rng = random.Random(seed if rule == "fork" else f"{seed}/{rule}")
+        out["random" if rule == "fork" else f"random/{rule}"] = {
+            sid: set(rng.sample(range(lengths[sid]), min(lengths[sid], len(out[rule][sid])))) for sid in ids}
+    return out
+
+
+def _length(s: TokenSignals) -> int:
+    """A completion's scored token count, as the rules see it (positions with a known value)."""
+    values = s.entropy if s.entropy is not None else s.js
+    if values is None:
+        return len(s.selected or ())
+    return sum(v is not None and not math.isnan(float(v)) for v in values)
 
 
 def _spearman(x: list[float], y: list[float]) -> float | None:

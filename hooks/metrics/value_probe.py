@@ -1,7 +1,9 @@
 """Monte-Carlo value probes (docs/algorithms.md §12; VinePPO's estimator, Phi-4's pivotal tokens):
 for a stored completion y of prompt x, V(x, y<t) and V(x, y≤t) of probed positions t, each the mean
 reward of K continuations sampled from the policy (untruncated softmax at the run's temperature),
-up to the run's completion length. A prefix that already ended (EOS, or the length cap) has its
+up to the run's completion length, from an explicit and complete sampling configuration (the
+model's own generation_config, e.g. a repetition_penalty, never leaks in: V is this policy's value).
+A prefix that already ended (any of the run's end-of-sequence ids, or the length cap) has its
 value determined: the reward of the prefix itself, SE 0. V(x, y≤t) is V(x, y<t+1): every distinct
 prefix is estimated once and shared by the positions that need it (a sweep over T positions costs
 T+1 values). The prefix is the run's prompt ids + the stored completion ids, never re-tokenised."""
@@ -11,6 +13,7 @@ import json
 import math
 import random
 from dataclasses import dataclass
+from contextlib import contextmanager
 from typing import Callable, Sequence
 
 import torch
@@ -156,9 +159,9 @@ class _Prefixes:
     """Distinct prefixes (input index, completion prefix ids) -> their value, estimated in batches."""
 
     def __init__(self, model, inputs: Sequence[ProbeInput], reward: Reward, settings: ProbeSettings,
-                 eos_id: int, pad_id: int):
+                 eos_ids: tuple[int, ...], pad_id: int):
         self.model, self.inputs, self.reward, self.s = model, inputs, reward, settings
-        self.eos_id, self.pad_id = eos_id, pad_id
+        self.eos_ids, self.pad_id = eos_ids, pad_id
         self.wanted: dict[tuple[int, tuple[int, ...]], _Value | None] = {}
 
     def want(self, i: int, prefix: Sequence[int]) -> tuple[int, tuple[int, ...]]:
@@ -177,7 +180,7 @@ class _Prefixes:
         return _check_reward(value, f"sample {self.inputs[i].sample_id}")
 
     def _ended(self, prefix: tuple[int, ...]) -> bool:
-        return bool(prefix) and (prefix[-1] == self.eos_id or len(prefix) >= self.s.max_new_tokens)
+        return bool(prefix) and (prefix[-1] in self.eos_ids or len(prefix) >= self.s.max_new_tokens)
 
     def estimate(self, progress=None) -> None:
         """Fill every wanted value: determined ones from one reward, the rest from K continuations."""
@@ -214,17 +217,17 @@ class _Prefixes:
             attn[r, width - len(s):] = 1
         ids = ids.repeat_interleave(k, 0).to(device)
         attn = attn.repeat_interleave(k, 0).to(device)
-        out = self.model.generate(
-            input_ids=ids, attention_mask=attn, do_sample=True, temperature=self.s.temperature, top_k=0,
-            top_p=1.0, max_new_tokens=self.s.max_new_tokens - length,
-            min_new_tokens=1 if length == 0 and not self.s.first_token_eos else 0,
-            pad_token_id=self.pad_id, eos_token_id=self.eos_id)
+        config = sampling_config(self.s, self.eos_ids, self.pad_id, max_new_tokens=self.s.max_new_tokens - length,
+                                 min_new_tokens=1 if length == 0 and not self.s.first_token_eos else 0)
+        with own_generation_config(self.model):
+            out = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=config)
         cont = out[:, width:].tolist()
         for n, (i, prefix) in enumerate(keys):
             rewards = []
             for row in cont[n * k:(n + 1) * k]:
-                if self.eos_id in row:
-                    row = row[:row.index(self.eos_id) + 1]
+                end = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
+                if end is not None:                  # the first end-of-sequence id of any kind
+                    row = row[:end + 1]
                 rewards.append(self._score(i, list(prefix) + row))
             self.wanted[(i, prefix)] = _mean_se(rewards)
 
@@ -233,18 +236,60 @@ class _Prefixes:
 # the probe
 
 
+def stop_ids(model, tokenizer) -> tuple[int, ...]:
+    """Every id a rollout stops on: the tokenizer's EOS and each of the model generation_config's
+    (Qwen2.5-Instruct lists two, Llama-3 three; TRL's and vLLM's rollouts stop on all of them)."""
+    ids: list[int] = []
+    for value in (getattr(tokenizer, "eos_token_id", None),
+                  getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        ids += [value] if isinstance(value, int) else list(value or [])
+    return tuple(dict.fromkeys(int(i) for i in ids))
+
+
+def sampling_config(settings: ProbeSettings, eos_ids: Sequence[int], pad_id: int, *, max_new_tokens: int,
+                    min_new_tokens: int):
+    """The continuations' sampler, complete: untruncated softmax at the run's temperature, every other
+    logits processor neutral, stopping on every end-of-sequence id."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        do_sample=True, num_beams=1, temperature=settings.temperature, top_k=0, top_p=1.0, min_p=0.0,
+        typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0,
+        encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, length_penalty=1.0, min_length=0,
+        max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, eos_token_id=list(eos_ids),
+        pad_token_id=pad_id, num_return_sequences=1, use_cache=True)
+
+
+@contextmanager
+def own_generation_config(model):
+    """The model's generation_config blank while the probe samples: transformers fills every field
+    the call leaves unset from it (bad_words_ids, suppress_tokens, a forced EOS, ...); restored after."""
+    from transformers import GenerationConfig
+
+    saved = getattr(model, "generation_config", None)
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
 def probe(model, inputs: Sequence[ProbeInput], reward: Reward, settings: ProbeSettings | None = None, *,
-          eos_id: int, pad_id: int | None = None, decode: Callable[[int], str] | None = None,
+          eos_id: int | Sequence[int], pad_id: int | None = None, decode: Callable[[int], str] | None = None,
           progress=None) -> list[dict]:
     """Probe rows (the `probes` table's fields) of every probed position of every input. Seeded:
     the same inputs, model and settings give the same rows; the caller's RNG state is left as it was.
-    reward(i, completion_ids) scores input i's completion; a failure raises RewardError. progress: a
-    tqdm-like bar (its total set to the values to sample, updated as they are)."""
+    reward(i, completion_ids) scores input i's completion; a failure raises RewardError. eos_id: every
+    id the run's rollouts stop on (`stop_ids`). progress: a tqdm-like bar (its total set to the values
+    to sample, updated as they are)."""
     s = (settings or ProbeSettings()).check()
     check_vocab(model, inputs)
-    pad_id = eos_id if pad_id is None else pad_id
+    eos_ids = (int(eos_id),) if isinstance(eos_id, int) else tuple(int(i) for i in eos_id)
+    if not eos_ids:
+        raise ValueError("eos_id: give at least one end-of-sequence id (forksight.hooks.metrics.value_probe.stop_ids)")
+    pad_id = eos_ids[0] if pad_id is None else pad_id
     device = next(model.parameters()).device
-    values = _Prefixes(model, inputs, reward, s, eos_id, pad_id)
+    values = _Prefixes(model, inputs, reward, s, eos_ids, pad_id)
     plans = []
     was_training = model.training
     model.eval()
