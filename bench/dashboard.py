@@ -11,7 +11,8 @@ step size (the short runs are added to that file). Figures (p95 over --repeats c
   runs_page_refresh     one page of the runs table + its count (both callbacks)      <= 300 ms
   ingest_to_visible     a step written -> the run page's tick (live.TICK_MS) returns it <= 1 s
 
---side-by-side: the tokens page's first open over HTTP (tokens_page_open: its layout and the
+--side-by-side: the run page's first open over HTTP (run_page_open: its layout as Dash serves it,
+every figure drawn in it; issue 48, item 8) and the tokens page's first open over HTTP (tokens_page_open: its layout and the
 callbacks a browser fires before the tokens show, then the history's, through Dash's endpoints
 on a warm app, as a fresh browser tab meets a serving collector) on every --steps size at once,
 the sizes' opens interleaved so load on the machine falls on all alike; the growth is the
@@ -131,32 +132,53 @@ def tokens_page_open(app, run_id: str):
     return once
 
 
+def run_page_open(app, run_id: str):
+    """A function timing one first open of the run page on `app`: its layout as Dash serves it
+    (Referer: the page's URL), every figure drawn in it. Returns (ms, {"step": bytes sent})."""
+    client = app.server.test_client()
+    client.get("/")
+
+    def once() -> tuple[float, dict]:
+        t = time.perf_counter()
+        layout = client.get("/_dash-layout", headers={"Referer": f"http://localhost/run?run={run_id}"})
+        assert layout.status_code == 200, layout.data[:300]
+        return (time.perf_counter() - t) * 1e3, {"step": f"{len(layout.data):,} bytes"}
+    return once
+
+
+PAGES = {"tokens_page_open": tokens_page_open, "run_page_open": run_page_open}
+
+
 def side_by_side(dbs: dict[int, str], repeats: int) -> dict:
-    """tokens_page_open on every store at once (one app each, all warm), the sizes interleaved in
-    rotating order each round: p50/p95 per size and the growth largest / smallest."""
+    """Each page's first open (PAGES) on every store at once (one app each, all warm), the sizes
+    interleaved in rotating order each round: p50/p95 per size and the growth largest / smallest."""
     from forksight.dashboard.app import create_dash
 
     stores = {n: Store(db, verify=False, memory_limit="2GB") for n, db in dbs.items()}
+    out = {}
     try:
-        opens = {n: tokens_page_open(create_dash(st.reader), LONG_RUN) for n, st in stores.items()}
-        shown = {n: o()[1] for n, o in opens.items()}          # warm: the app's caches, as served
-        for o in opens.values():
-            o()
-        times: dict[int, list[float]] = {n: [] for n in opens}
-        order = list(opens)
-        for i in range(repeats):
-            for n in order[i % len(order):] + order[:i % len(order)]:
-                times[n].append(opens[n]()[0])
+        apps = {n: create_dash(st.reader) for n, st in stores.items()}
+        for page, make in PAGES.items():
+            opens = {n: make(app, LONG_RUN) for n, app in apps.items()}
+            shown = {n: o()[1] for n, o in opens.items()}          # warm: the app's caches, as served
+            for o in opens.values():
+                o()
+            times: dict[int, list[float]] = {n: [] for n in opens}
+            order = list(opens)
+            for i in range(repeats):
+                for n in order[i % len(order):] + order[:i % len(order)]:
+                    times[n].append(opens[n]()[0])
+            per = {f"{n:,}": {"p50_ms": round(float(np.percentile(t, 50)), 1),
+                              "p95_ms": round(float(np.percentile(t, 95)), 1), "n": len(t),
+                              "shows": shown[n]["step"]} for n, t in times.items()}
+            lo, hi = f"{min(times):,}", f"{max(times):,}"
+            growth = {q: round(per[hi][f"{q}_ms"] / per[lo][f"{q}_ms"], 2) for q in ("p50", "p95")}
+            out[page] = {"sizes": per, "growth_largest_over_smallest": growth, "target": TOKENS_GROWTH_TARGET,
+                         "met": max(growth.values()) <= TOKENS_GROWTH_TARGET}
     finally:
         for st in stores.values():
             st.close()
-    per = {f"{n:,}": {"p50_ms": round(float(np.percentile(t, 50)), 1),
-                      "p95_ms": round(float(np.percentile(t, 95)), 1), "n": len(t), "shows": shown[n]["step"]}
-           for n, t in times.items()}
-    lo, hi = f"{min(times):,}", f"{max(times):,}"
-    growth = {q: round(per[hi][f"{q}_ms"] / per[lo][f"{q}_ms"], 2) for q in ("p50", "p95")}
-    return {"tokens_page_open": per, "growth_largest_over_smallest": growth,
-            "target": TOKENS_GROWTH_TARGET, "met": max(growth.values()) <= TOKENS_GROWTH_TARGET}
+    return out
 
 
 def ingest_to_visible(store: Store, run_id: str, tries: int, tick_s: float | None = None) -> dict:

@@ -28,7 +28,10 @@ from forksight.dashboard.verdict import Verdict, verdict
 
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="forksight-dash-read")
 ALL_POINTS = 1 << 40          # "all" in the downsampling picker
-HEATMAP_STEPS = 600           # heatmap columns: more than the eye resolves at 1,000 px
+HEATMAP_STEPS = 600           # histogram buckets read: rollup widths grow 4x, so 150 to 600 of them
+# heatmap columns drawn: the buckets merged to this many, so the figure's cells and bytes are the same
+# on a run of any length (issue 48, item 8: 157 columns at 10,000 steps had become 391 at 100,000)
+HEATMAP_COLUMNS = HEATMAP_STEPS // 4
 EVAL_WATCH_S = 120.0          # how long after a step a live page looks for its late evaluation
 RUN_KEYS_CORE = ("entropy/mean", "entropy/p20", "entropy/p80", "renyi2/mean", "js/mean",
                  "reward/mean")
@@ -166,7 +169,7 @@ def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None 
         "entropy": R.entropy_figure(scalars, alerts=routed["rest"], vocab_size=vocab_size(run),
                                     smoothing=c.smoothing, x_axis=c.x_axis, log_y=c.log_y,
                                     max_points=c.max_points, uirevision=run_id),
-        "heatmap": R.entropy_heatmap(hist, max_steps=HEATMAP_STEPS, uirevision=run_id,
+        "heatmap": R.entropy_heatmap(hist, max_steps=HEATMAP_COLUMNS, uirevision=run_id,
                                      x_axis=c.x_axis, walls=F.series(scalars, "entropy/mean")),
         # hidden (the page's wrapper) when the run logs no mismatch: nothing to read or send
         "mismatch": M.mismatch_figure(scalars, alerts=routed["mismatch"], smoothing=c.smoothing,
