@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from forksight.compose import alerts_cli, compact_cli, doctor, lake_cli, probe_cli, serve_cli
+from forksight.compose import alerts_cli, compact_cli, doctor, lake_cli, probe_cli, report_cli, serve_cli
 from forksight.trainer import cli as train_cli
 from forksight.compose import demo
 
@@ -20,6 +20,7 @@ SUBCOMMANDS = (
     alerts_cli.add_parser,    # alerts replay
     probe_cli.add_parser,     # probe
     doctor.add_parser,        # doctor, import
+    report_cli.add_parser,    # report
     demo.add_parser,          # demo
 )
 

@@ -1,0 +1,65 @@
+"""`forksight report --db FILE --run NAME [-o run.html]`: a run as one self-contained HTML file
+(dashboard/report_html.py) to send to a colleague or attach to an issue; it opens from disk offline.
+Written to a temporary file beside the target and renamed into place: nothing half-written."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("report", help="A run as one self-contained HTML file (charts, alerts, tokens).",
+                              description="Write a run's verdict, charts, alerts with their fixes, coloured "
+                                          "completions of a few steps and config into one HTML file that opens "
+                                          "offline (plotly.js inlined).")
+    p.add_argument("--db", required=True, metavar="FILE", help="the DuckDB file (no collector may hold it)")
+    p.add_argument("--run", required=True, help="the run's id")
+    p.add_argument("--output", "-o", default=None, metavar="FILE", help="where to write (default: RUN.html)")
+    p.add_argument("--max-points", type=int, default=500, help="points per series (default 500)")
+    p.add_argument("--token-steps", type=int, default=3, help="token steps shown: first, middle, last (default 3)")
+    p.add_argument("--completions", type=int, default=4, help="completions shown per token step (default 4)")
+    p.set_defaults(func=run_report)
+
+
+def _fail(message: str) -> int:
+    print(f"forksight report: {message}", file=sys.stderr)
+    return 2
+
+
+def run_report(args: argparse.Namespace) -> int:
+    for flag, value in (("--max-points", args.max_points), ("--token-steps", args.token_steps),
+                        ("--completions", args.completions)):
+        if value < 1:
+            return _fail(f"{flag} must be >= 1, got {value}")
+    if not os.path.exists(args.db):
+        return _fail(f"--db: no DuckDB file at {args.db}")
+    out = Path(args.output or f"{args.run}.html")
+    if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+        return _fail(f"cannot write {out}: {out.parent} is not a writable folder; pass -o in one")
+    from forksight.dashboard.report_html import render_report
+    from forksight.monitor.collector.store import Store
+
+    try:
+        with Store(args.db, verify=False) as store:
+            text = render_report(store.reader, args.run, max_points=args.max_points,
+                                 token_steps=args.token_steps, completions=args.completions)
+    except ValueError as exc:
+        return _fail(f"{exc}; `forksight serve --db {args.db}` lists its runs")
+    except RuntimeError as exc:          # another process holds the file
+        return _fail(str(exc))
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)      # as an ordinary file, not mkstemp's owner-only mode
+        os.replace(tmp, out)
+    except OSError as exc:
+        os.unlink(tmp)
+        return _fail(f"cannot write {out}: {exc}")
+    print(f"forksight report: {out} ({len(text.encode()) / 1e6:.1f} MB)", file=sys.stderr)
+    return 0
