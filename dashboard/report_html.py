@@ -117,7 +117,7 @@ def render_report(reader: Reader, run_id: str, *, max_points: int = 500, token_s
     divs = "".join(f"<h2>{_e(title)}</h2><div id='fig-{key}' class='figure'></div>" for key, title in shown)
     plots = "".join(f"Plotly.newPlot('fig-{key}', F['{key}'].data, F['{key}'].layout, "
                     "{displaylogo: false, responsive: true});" for key, _ in shown)
-    figures = "{" + ",".join(f"'{key}': {_figure_json(out['figures'][key])}" for key, _ in shown) + "}"
+    figures = "{" + ",".join(f'"{key}": {_figure_json(out["figures"][key])}' for key, _ in shown) + "}"
     config = json.dumps(run.get("config") or {}, indent=1, sort_keys=True, default=str)
     alerts = reader.read_alerts(run_id)
     name = run.get("name") or run_id

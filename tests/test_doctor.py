@@ -288,3 +288,24 @@ tracking.logger["file"].finish()
     with Store(db) as store:
         stored = store.reader.read_scalars("v", keys=["mismatch/kl_k3"], downsample=1000)
     assert stored["value"].tolist() == pytest.approx([r["mismatch/kl_k3"] for r in result.rows])
+
+
+def test_doctor_writes_the_logged_run_as_one_html_file(tmp_path, capsys):
+    """`doctor PATH --html FILE`: the logged run imported into a temporary store and written as
+    `forksight report` writes it; its entropy chart holds the logged entropy, step for step."""
+    import re
+
+    out = tmp_path / "collapse.html"
+    source = LOGS / "collapse" / "tb"
+    assert cli.main(["doctor", str(source), "--html", str(out)]) == 0
+    capsys.readouterr()
+    text = out.read_text()
+    figures = json.loads(re.search(r"const F = (\{.*\}); Plotly", text, re.S).group(1).replace("<\\/", "</"))
+    raw = [t for t in figures["entropy"]["data"] if (t.get("meta") or {}).get("key") == "entropy/mean"
+           and t["meta"].get("role") == "raw"][0]
+    direct = diagnose(str(source))
+    assert raw["x"] == direct.steps
+    assert raw["y"] == pytest.approx([r["entropy/mean"] for r in direct.rows])
+    assert "Plotly.newPlot" in text and "<script src=" not in text       # plotly.js inlined, nothing fetched
+    assert cli.main(["doctor", str(source), "--html", str(tmp_path / "missing" / "x.html")]) == 2
+    assert "not a writable folder" in capsys.readouterr().err

@@ -167,6 +167,8 @@ def add_parser(subparsers) -> None:
     doctor.add_argument("--run", help="run id, for a forksight DuckDB file holding several")
     doctor.add_argument("--format", choices=("terminal", "markdown", "html", "json"), default="terminal")
     doctor.add_argument("--output", "-o", help="write the report here instead of standard output")
+    doctor.add_argument("--html", metavar="FILE", help="also write the run as one self-contained HTML file, "
+                        "charts and tokens included, as `forksight report` does")
     doctor.add_argument("--fail-on", choices=("warning", "critical"),
                         help="exit 1 when the verdict is this severity or worse (a CI gate)")
     doctor.add_argument("--config", help="alert config file (YAML or JSON), as for `alerts replay`")
@@ -201,6 +203,13 @@ def run_doctor(args: argparse.Namespace) -> int:
         return _fail("doctor", str(exc))
     for note in result.notes:
         print(f"forksight doctor: warning: {note}", file=sys.stderr)
+    if args.html:
+        try:
+            problem = write_html(args.source, args.run, args.html)
+        except (ValueError, FileNotFoundError, RuntimeError) as exc:
+            problem = str(exc)
+        if problem:
+            return _fail("doctor", problem)
     text = render(result, args.format)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
@@ -212,17 +221,33 @@ def run_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_import(args: argparse.Namespace) -> int:
-    from forksight.base.limits import MAX_KEY_CHARS, NONFINITE_PREFIX
-    from forksight.base.records import Records, histograms_table, scalars_table
-    from forksight.compose.alerts_cli import replay_rows, write_rows
-    from forksight.compose.import_extras import write_extras
+def write_html(source: str, run: str | None, out: str) -> str | None:
+    """The run as `forksight report` writes it (a forksight DuckDB file read as it is; any other
+    log imported into a temporary store first); a problem as one line, else None."""
+    import tempfile
+
+    from forksight.compose.report_cli import output_problem, write_atomically
+    from forksight.dashboard.report_html import render_report
     from forksight.monitor.collector.store import Store
 
+    if (problem := output_problem(Path(out))) is not None:
+        return problem
+    with tempfile.TemporaryDirectory(prefix="forksight-doctor-") as tmp:
+        if _is_duckdb(Path(source)):
+            db, run_id = source, run or _load_db(Path(source), run).name
+        else:
+            loaded = load(source, run)
+            db = str(Path(tmp) / "run.duckdb")
+            run_id = import_into(db, loaded, loaded.name, "doctor", source)["run_id"]
+        with Store(db, verify=False) as store:
+            text = render_report(store.reader, run_id)
+    return write_atomically(text, Path(out))
+
+
+def run_import(args: argparse.Namespace) -> int:
     try:
         loaded = load(args.source)
-        name, kind, steps, rows, run_config = loaded.name, loaded.kind, loaded.steps, loaded.rows, loaded.config
-        samples, tokens = loaded.samples, loaded.tokens
+        name, tokens = loaded.name, loaded.tokens
         if tokens and args.tokenizer:
             from forksight.compose.import_extras import decode_tokens
 
@@ -232,14 +257,30 @@ def run_import(args: argparse.Namespace) -> int:
     for note in loaded.notes:
         print(f"forksight import: warning: {note}", file=sys.stderr)
     try:
-        store = Store(args.db)
+        summary = import_into(args.db, loaded, args.run or name, args.project, args.source, tokens=tokens)
     except RuntimeError as exc:
         return _fail("import", str(exc))
+    print(json.dumps(summary))
+    return 0
+
+
+def import_into(db: str, loaded: Loaded, run: str, project: str, source: str, tokens=None) -> dict:
+    """Write a loaded run (its scalars, samples, tokens, histograms) into the store at `db` and
+    replay the detectors over it; returns the summary `forksight import` prints (RuntimeError: the
+    file is held by another process)."""
+    from forksight.base.limits import MAX_KEY_CHARS, NONFINITE_PREFIX
+    from forksight.base.records import Records, histograms_table, scalars_table
+    from forksight.compose.alerts_cli import replay_rows, write_rows
+    from forksight.compose.import_extras import write_extras
+    from forksight.monitor.collector.store import Store
+
+    kind, steps, rows = loaded.kind, loaded.steps, loaded.rows
+    store = Store(db)
     codes = {"nan": 0.0, "inf": 1.0, "-inf": -1.0}
     skipped = 0
     try:
-        run_id = store.create_run(args.run or name, project=args.project,
-                                  config={**run_config, "imported_from": str(args.source), "format": kind})
+        run_id = store.create_run(run, project=project,
+                                  config={**loaded.config, "imported_from": str(source), "format": kind})
         batch: list[dict] = []
         for step, row in zip(steps, rows):
             for key, value in row.items():
@@ -254,7 +295,7 @@ def run_import(args: argparse.Namespace) -> int:
                 batch = []
         if batch:
             store.write(run_id, Records(scalars=scalars_table(batch)))
-        extras = write_extras(store, run_id, samples, tokens)
+        extras = write_extras(store, run_id, loaded.samples, loaded.tokens if tokens is None else tokens)
         for start in range(0, len(loaded.histograms), 1_000):
             store.write(run_id, Records(histograms=histograms_table(loaded.histograms[start:start + 1_000])))
         store.flush()
@@ -263,7 +304,6 @@ def run_import(args: argparse.Namespace) -> int:
         store.update_run(run_id, status="finished")
     finally:
         store.close()
-    print(json.dumps({"run_id": run_id, "format": kind, "steps": len(steps), "alerts": len(alerts),
-                      "keys": len({k for r in rows for k in r}), "skipped_values": skipped, **extras,
-                      "histograms": len(loaded.histograms)}))
-    return 0
+    return {"run_id": run_id, "format": kind, "steps": len(steps), "alerts": len(alerts),
+            "keys": len({k for r in rows for k in r}), "skipped_values": skipped, **extras,
+            "histograms": len(loaded.histograms)}

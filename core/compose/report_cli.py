@@ -29,6 +29,30 @@ def _fail(message: str) -> int:
     return 2
 
 
+def output_problem(out: Path) -> str | None:
+    """Why `out` cannot be written (its folder missing or read-only), else None."""
+    if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+        return f"cannot write {out}: {out.parent} is not a writable folder; pass -o in one"
+    return None
+
+
+def write_atomically(text: str, out: Path) -> str | None:
+    """Write `text` to `out` through a temporary file renamed into place (a failure leaves no half
+    file and an earlier one as it was); a problem as one line, else None."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)      # as an ordinary file, not mkstemp's owner-only mode
+        os.replace(tmp, out)
+    except OSError as exc:
+        os.unlink(tmp)
+        return f"cannot write {out}: {exc}"
+    return None
+
+
 def run_report(args: argparse.Namespace) -> int:
     for flag, value in (("--max-points", args.max_points), ("--token-steps", args.token_steps),
                         ("--completions", args.completions)):
@@ -37,8 +61,8 @@ def run_report(args: argparse.Namespace) -> int:
     if not os.path.exists(args.db):
         return _fail(f"--db: no DuckDB file at {args.db}")
     out = Path(args.output or f"{args.run}.html")
-    if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
-        return _fail(f"cannot write {out}: {out.parent} is not a writable folder; pass -o in one")
+    if (problem := output_problem(out)) is not None:
+        return _fail(problem)
     from forksight.dashboard.report_html import render_report
     from forksight.monitor.collector.store import Store
 
@@ -50,16 +74,7 @@ def run_report(args: argparse.Namespace) -> int:
         return _fail(f"{exc}; `forksight serve --db {args.db}` lists its runs")
     except RuntimeError as exc:          # another process holds the file
         return _fail(str(exc))
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)      # as an ordinary file, not mkstemp's owner-only mode
-        os.replace(tmp, out)
-    except OSError as exc:
-        os.unlink(tmp)
-        return _fail(f"cannot write {out}: {exc}")
+    if (problem := write_atomically(text, out)) is not None:
+        return _fail(problem)
     print(f"forksight report: {out} ({len(text.encode()) / 1e6:.1f} MB)", file=sys.stderr)
     return 0
