@@ -180,6 +180,30 @@ def line_trace(x: list, y: list, *, name: str, color: str, meta: dict, gl: bool,
             "legendgroup": legendgroup or name, **kw}
 
 
+def spec_lines(rows: dict[str, pd.DataFrame], specs, *, x_axis: str, xref: str, yref: str, gl: bool,
+               legend: str, hover: str = ".2f", width=2.0, **style) -> list[dict]:
+    """One raw line per (key, legend name, colour, dash) spec with rows, on axes xref/yref and in
+    legend `legend` (a panel of a multi-panel figure); width: a number, or dash -> number."""
+    traces = []
+    for key, name, color, dash in specs:
+        r = rows.get(key)
+        if r is None or r.empty:
+            continue
+        traces.append(line_trace(x_values(r, x_axis), clean(r["value"].to_numpy(np.float64)), name=name,
+                                 color=color, dash=dash, gl=gl, meta={"key": key, "role": "raw"},
+                                 width=width(dash) if callable(width) else width, legendgroup=legend,
+                                 legend=legend, xaxis=xref, yaxis=yref,
+                                 hovertemplate=f"{name}<br>step %{{x}}: %{{y:{hover}}}<extra></extra>", **style))
+    return traces
+
+
+def panel_notes(titles: Sequence[tuple[str, dict]]) -> list[dict]:
+    """Each panel's title in bold above it: (text, its x axis layout) pairs -> annotations."""
+    return [{"text": f"<b>{t}</b>", "xref": "paper", "yref": "paper", "x": xa["domain"][0], "y": 1.0,
+             "xanchor": "left", "yanchor": "bottom", "showarrow": False, "font": {"size": 12}}
+            for t, xa in titles]
+
+
 def clean(values: np.ndarray | Sequence[float]) -> list:
     """Floats for JSON: NaN becomes None (a gap in the line), never the invalid token NaN."""
     arr = np.asarray(values, dtype=np.float64)

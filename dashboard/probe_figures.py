@@ -10,8 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from forksight.dashboard.figures import (X_TITLES, base_layout, clean, empty_figure, grid_axes,
-                                         line_trace, series, use_webgl, x_values)
+from forksight.dashboard.figures import (X_TITLES, base_layout, empty_figure, grid_axes, series, use_webgl, spec_lines, panel_notes)
 
 PREFIX = "probe/"
 # the probe columns the tokens page shows beside a token's own (tokens has fork and entropy)
@@ -100,22 +99,6 @@ def probe_lines(row: dict) -> list[str]:
     return lines
 
 
-def _panel(rows: dict[str, pd.DataFrame], specs, x_axis: str, xref: str, yref: str, gl: bool,
-           legend: str) -> list[dict]:
-    traces = []
-    for key, name, color, dash in specs:
-        r = rows.get(key)
-        if r is None or r.empty:
-            continue
-        traces.append(line_trace(x_values(r, x_axis), clean(r["value"].to_numpy(np.float64)), name=name,
-                                 color=color, dash=dash, gl=gl, meta={"key": key, "role": "raw"},
-                                 width=1.6 if dash == "dash" else 2.2, mode="lines+markers",
-                                 marker={"size": 5}, legendgroup=legend, legend=legend,
-                                 xaxis=xref, yaxis=yref,
-                                 hovertemplate=f"{name}<br>step %{{x}}: %{{y:.2f}}<extra></extra>"))
-    return traces
-
-
 def pivotal_figure(scalars: dict[str, pd.DataFrame], *, x_axis: str = "step",
                    max_points: int | None = None, uirevision: str = "run") -> dict:
     """Two panels over the probed steps: are the forks the pivotal tokens (fork precision, the
@@ -127,13 +110,12 @@ def pivotal_figure(scalars: dict[str, pd.DataFrame], *, x_axis: str = "step",
                             "(or forksight probe) measures them", height=90)
     gl = use_webgl(sum(map(len, rows.values())))
     (x1, y1, xa1, ya1), (x2, y2, xa2, ya2) = grid_axes(2, 2, hgap=0.08)
-    data = _panel(rows, PRECISION, x_axis, x1, y1, gl, "legend") + \
-        _panel(rows, RECALL, x_axis, x2, y2, gl, "legend2")
-    titles = [("are the forks pivotal?", xa1), ("recall of pivotal tokens by selection rule", xa2)]
+    style = dict(x_axis=x_axis, gl=gl, width=lambda dash: 1.6 if dash == "dash" else 2.2,
+                 mode="lines+markers", marker={"size": 5})
+    data = spec_lines(rows, PRECISION, xref=x1, yref=y1, legend="legend", **style) + \
+        spec_lines(rows, RECALL, xref=x2, yref=y2, legend="legend2", **style)
     # each panel: its question on top, its legend (one entry a line) below it, the plot under both
-    notes = [{"text": f"<b>{t}</b>", "xref": "paper", "yref": "paper", "x": xa["domain"][0], "y": 1.0,
-              "xanchor": "left", "yanchor": "bottom", "showarrow": False, "font": {"size": 12}}
-             for t, xa in titles]
+    notes = panel_notes([("are the forks pivotal?", xa1), ("recall of pivotal tokens by selection rule", xa2)])
     layout = base_layout("Pivotal tokens (value probes: |Δ| ≥ 0.2 and > 2 SE)", height=420, x_axis=x_axis,
                          uirevision=uirevision, hovermode="closest", annotations=notes)
     axis = {"type": "date" if x_axis == "wall" else "linear", "title": {"text": X_TITLES[x_axis], "standoff": 2}}

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import pandas as pd
 
-from forksight.dashboard.figures import (X_TITLES, base_layout, clean, empty_figure, grid_axes,
-                                         line_trace, series, use_webgl, x_values)
+from forksight.dashboard.figures import (X_TITLES, base_layout, empty_figure, grid_axes, series, use_webgl, spec_lines, panel_notes)
 
 PREFIX = "trust/"
 # entropy quartiles, lowest to highest: one colour each, darker as H grows
@@ -35,20 +33,6 @@ def has_trust(keys: Sequence[str]) -> bool:
     return "trust/clip_frac" in keys
 
 
-def _lines(rows: dict[str, pd.DataFrame], specs, x_axis: str, xref: str, yref: str, gl: bool,
-           legend: str) -> list[dict]:
-    traces = []
-    for key, name, color, dash in specs:
-        r = rows.get(key)
-        if r is None or r.empty:
-            continue
-        traces.append(line_trace(x_values(r, x_axis), clean(r["value"].to_numpy(np.float64)), name=name,
-                                 color=color, dash=dash, gl=gl, meta={"key": key, "role": "raw"},
-                                 width=2.0, legendgroup=legend, legend=legend, xaxis=xref, yaxis=yref,
-                                 hovertemplate=f"{name}<br>step %{{x}}: %{{y:.1%}}<extra></extra>"))
-    return traces
-
-
 def trust_figure(scalars: dict[str, pd.DataFrame], *, x_axis: str = "step",
                  max_points: int | None = None, uirevision: str = "run") -> dict:
     """Two panels over steps: the ratio clip's share against the share beyond DPPO's TV δ in each
@@ -65,13 +49,10 @@ def trust_figure(scalars: dict[str, pd.DataFrame], *, x_axis: str = "step",
     (x1, y1, xa1, ya1), (x2, y2, xa2, ya2) = grid_axes(2, 2, hgap=0.1)
     # each plot with its legend to its right (one entry a line)
     xa1, xa2 = {**xa1, "domain": [0.0, 0.33]}, {**xa2, "domain": [0.5, 0.78]}
-    data = _lines(rows, BY_QUARTILE, x_axis, x1, y1, gl, "legend") + \
-        _lines(rows, DISAGREEMENT, x_axis, x2, y2, gl, "legend2")
-    titles = [("ratio clip (solid) vs TV beyond δ (dotted), by H quartile (q1 lowest … q4 highest)", xa1),
-              ("where the clip and TV disagree", xa2)]
-    notes = [{"text": f"<b>{t}</b>", "xref": "paper", "yref": "paper", "x": xa["domain"][0], "y": 1.0,
-              "xanchor": "left", "yanchor": "bottom", "showarrow": False, "font": {"size": 12}}
-             for t, xa in titles]
+    data = spec_lines(rows, BY_QUARTILE, x_axis=x_axis, xref=x1, yref=y1, gl=gl, legend="legend", hover=".1%") + \
+        spec_lines(rows, DISAGREEMENT, x_axis=x_axis, xref=x2, yref=y2, gl=gl, legend="legend2", hover=".1%")
+    notes = panel_notes([("ratio clip (solid) vs TV beyond δ (dotted), by H quartile (q1 lowest … q4 highest)", xa1),
+                         ("where the clip and TV disagree", xa2)])
     layout = base_layout(f"Trust region (DPPO's binary TV, δ = {delta_text}; share of trained tokens)",
                          height=360, x_axis=x_axis, uirevision=uirevision, hovermode="closest",
                          annotations=notes)

@@ -44,14 +44,12 @@ class TrustTracker:
         if not self.active:
             return None
         lp, olp = logp.detach()[self.rows].float(), old_logp[self.rows].float()
-        ratio = torch.exp(lp - olp)
-        clipped = trust.ratio_clipped(ratio, self.adv, cfg.clip_low, cfg.clip_high)
-        tv = trust.binary_tv(lp, olp)
-        self.tokens = trust.token_columns(tuple(logp.shape), self.rows, ratio, tv, clipped)
-        scalars = trust.step_scalars(clipped=clipped, tv=tv, entropy=self.entropy, tv_delta=self.tv_delta)
+        scalars, self.tokens = trust.measure(lp, olp, self.adv, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                             entropy=self.entropy, tv_delta=self.tv_delta, shape=tuple(logp.shape),
+                                             rows=self.rows)
         keep = None
         if cfg.trust_region != "ratio":
-            divergence = self._divergence(picked, lp, olp, tv)
+            divergence = self._divergence(picked, lp, olp)
             kept = trust.dppo_keep(divergence, lp, olp, self.adv, self.delta)
             if kept.numel():
                 scalars["trust/masked_frac"] = float(1 - kept.float().mean())
@@ -61,11 +59,10 @@ class TrustTracker:
         self.updates.append(scalars)
         return keep
 
-    def _divergence(self, picked: torch.Tensor, lp: torch.Tensor, olp: torch.Tensor,
-                    tv: torch.Tensor) -> torch.Tensor:
+    def _divergence(self, picked: torch.Tensor, lp: torch.Tensor, olp: torch.Tensor) -> torch.Tensor:
         region, temperature = self.cfg.trust_region, self.cfg.temperature
         if region == "tv":
-            return tv
+            return trust.binary_tv(lp, olp)
         if region == "binary-kl":
             return trust.binary_kl(lp, olp)
         if region == "topk-kl":

@@ -69,13 +69,13 @@ class TrlTrust:
         mask = mask.bool()
         adv = inputs["advantages"]
         adv = (adv.unsqueeze(1) if adv.dim() == 1 else adv).expand_as(logps)
-        lp, olp, a = logps[mask].float(), old[mask].float(), adv[mask].float()
-        ratio = torch.exp(lp - olp)
-        clipped = trust.ratio_clipped(ratio, a, trainer.epsilon_low, trainer.epsilon_high)
-        tv = trust.binary_tv(lp, olp)
         h = entropies.detach()[mask].float() if entropies is not None else None
-        self.pending.append(trust.step_scalars(clipped=clipped, tv=tv, entropy=h, tv_delta=self.tv_delta))
-        self._attach(trust.token_columns(tuple(mask.shape), mask.nonzero(as_tuple=True), ratio, tv, clipped))
+        scalars, columns = trust.measure(logps[mask].float(), old[mask].float(), adv[mask].float(),
+                                         clip_low=trainer.epsilon_low, clip_high=trainer.epsilon_high, entropy=h,
+                                         tv_delta=self.tv_delta, shape=tuple(mask.shape),
+                                         rows=mask.nonzero(as_tuple=True))
+        self.pending.append(scalars)
+        self._attach(columns)
 
     def _attach(self, columns: dict[str, torch.Tensor]) -> None:
         """Put the micro-batch's columns on the record of the forward `_compute_loss` just made (the

@@ -132,6 +132,19 @@ def token_columns(shape: tuple[int, int], rows: tuple[torch.Tensor, torch.Tensor
     return out
 
 
+def measure(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, *, clip_low: float, clip_high: float,
+            entropy: torch.Tensor | None, tv_delta: float, shape: tuple[int, int],
+            rows: tuple[torch.Tensor, torch.Tensor]) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """One update's trust region at its trained tokens (1-D logp, old_logp, adv, entropy in the order of
+    `rows`, their (row, col) in the [B, T] batch of `shape`): its trust/* scalars and its token columns.
+    The one place the bundled trainer and the TRL integration both measure an update."""
+    ratio = torch.exp(logp - old_logp)
+    clipped = ratio_clipped(ratio, adv, clip_low, clip_high)
+    tv = binary_tv(logp, old_logp)
+    return (step_scalars(clipped=clipped, tv=tv, entropy=entropy, tv_delta=tv_delta),
+            token_columns(shape, rows, ratio, tv, clipped))
+
+
 def mean_of(updates: list[dict[str, float]]) -> dict[str, float]:
     """The step's trust/* as the mean over its updates of each key (a key absent from an update,
     e.g. a split with no token, is averaged over the updates that have it), as TRL logs a step."""
