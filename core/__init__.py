@@ -11,6 +11,7 @@ The public API is what this module names; everything under `forksight.monitor`,
     forksight.serve(db, host=, port=)      a collector + dashboard running in this process
     forksight.token_stats(...), forksight.pass_at_k(n, c, k)   the per-token math
     forksight.mismatch_scalars(logp, sampler_logp, mask)      training–inference mismatch of sampled tokens
+    forksight.show(run, db=|url=), forksight.show_tokens(run, step), forksight.load(run)   a run in a notebook
 
 Names load on first use, so `import forksight` imports neither torch nor Dash.
 """
@@ -36,6 +37,9 @@ _PUBLIC = {
     "pass_at_k": "forksight.hooks.metrics",
     "pass_at_k_groups": "forksight.hooks.metrics",
     "mismatch_scalars": "forksight.hooks.metrics",
+    "show": "forksight.compose.notebook",
+    "show_tokens": "forksight.compose.notebook",
+    "load": "forksight.compose.notebook",
 }
 _SUBMODULES = ("trl", "verl")
 
@@ -73,6 +77,7 @@ if TYPE_CHECKING:
     from forksight.compose.local import LocalSink
     from forksight.monitor.sinks.client import NullSink, open_sink
     from forksight.compose.app import Collector, serve
+    from forksight.compose.notebook import load, show, show_tokens
 
 
 def __getattr__(name: str) -> Any:

@@ -35,10 +35,13 @@ def has_probes(keys: Sequence[str]) -> bool:
 
 def with_probes(tokens: pd.DataFrame, probes: pd.DataFrame | None) -> pd.DataFrame:
     """The token rows with the probe columns of their (rank, sample, position) beside them; a
-    token nobody probed has NaN Δ (the page leaves it uncoloured). A probed completion whose token
+    token nobody probed has NaN Δ (the page leaves it uncoloured), as has one inside a segment the
+    bisection search did not enter (`span` > 1). A probed completion whose token
     rows were not stored (a trainer logs token rows for some samples, probes others) is shown from
     its probe rows when they cover every position (the probe's `all` sweep): they carry the token,
     its entropy and fork flag."""
+    if probes is not None and "span" in probes:     # a bisection's unsearched segments colour no token
+        probes = probes[probes["span"].fillna(1) == 1]
     if probes is None or probes.empty:
         return tokens.assign(**{c: np.full(len(tokens), np.nan) for c in ("delta", "v_before", "v_after")})
     on = [c for c in ("rank", "sample_id", "pos") if c in probes and (tokens.empty or c in tokens)]
@@ -131,8 +134,9 @@ def pivotal_figure(scalars: dict[str, pd.DataFrame], *, x_axis: str = "step",
 
 
 def probe_history(parts: Sequence[pd.DataFrame]) -> pd.DataFrame:
-    """(step, pos, delta) of several probed steps' rows, for the position × step heatmap."""
-    parts = [p[["step", "pos", "delta"]] for p in parts if p is not None and len(p)]
+    """(step, pos, delta) of several probed steps' one-token rows, for the position × step heatmap."""
+    parts = [(p[p["span"].fillna(1) == 1] if "span" in p else p)[["step", "pos", "delta"]]
+             for p in parts if p is not None and len(p)]
     return pd.concat(parts, ignore_index=True) if parts else \
         pd.DataFrame({"step": pd.Series(dtype="int64"), "pos": pd.Series(dtype="int64"),
                       "delta": pd.Series(dtype="float64")})

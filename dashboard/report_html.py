@@ -26,13 +26,15 @@ PLOTLY_JS = Path(__file__).resolve().parent / "assets" / "plotly-forksight.min.j
 FIGURES = (("entropy", "Entropy"), ("heatmap", "Entropy distribution"), ("passk", "Reward and pass@k"),
            ("heldout", "Held-out pass@k"), ("mismatch", "Training–inference mismatch"),
            ("probes", "Pivotal tokens"), ("trust", "Trust region"), ("signals", "Training signals"))
-_CSS = """
+# the token strips' look (the report's and a notebook's)
+TOKEN_CSS = (".tok{font-family:ui-monospace,monospace;white-space:pre;padding:1px 0;color:#212529}"
+             ".fork{outline:2px solid #7048e8}.completion{margin:6px 0 12px;line-height:1.9}.meta{color:#495057}")
+_CSS = TOKEN_CSS + """
 body{font-family:system-ui,sans-serif;margin:24px;color:#212529;max-width:1400px}
-h1{margin:0 0 4px}h2{margin:28px 0 8px;font-size:18px}.meta{color:#495057}
+h1{margin:0 0 4px}h2{margin:28px 0 8px;font-size:18px}
 .chip{display:inline-block;padding:2px 10px;border-radius:12px;color:#fff;font-weight:600}
 table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #dee2e6;padding:4px 8px;
-vertical-align:top;text-align:left}.tok{font-family:ui-monospace,monospace;white-space:pre;
-padding:1px 0}.fork{outline:2px solid #7048e8}.completion{margin:6px 0 12px;line-height:1.9}
+vertical-align:top;text-align:left}
 pre{background:#f8f9fa;padding:8px;overflow:auto;font-size:12px}
 td pre{white-space:pre-wrap;word-break:break-all;max-width:360px;margin:0}td{min-width:60px}
 td.what{min-width:380px}.warning{color:#e67700}
@@ -77,10 +79,16 @@ def _picked_steps(steps: list[int], n: int) -> list[int]:
 
 
 def _tokens(reader: Reader, run_id: str, token_steps: int, completions: int) -> str:
+    return completions_html(reader, run_id, _picked_steps(reader.token_steps(run_id), token_steps), completions)
+
+
+def completions_html(reader: Reader, run_id: str, steps: list[int], completions: int) -> str:
+    """The completions of `steps` (at most `completions` each) token by token, coloured by entropy on
+    the run's fixed scale, forks outlined, each token's numbers in its title; model text escaped.
+    Styled by TOKEN_CSS (the report's <style> holds it; a notebook cell carries its own)."""
     from forksight.dashboard.pages.tokens import run_scale
     from forksight.dashboard.tokens_view import token_title
 
-    steps = _picked_steps(reader.token_steps(run_id), token_steps)
     if not steps:
         return "<p>No token rows stored for this run.</p>"
     scale = run_scale(reader, run_id, "entropy")

@@ -31,3 +31,15 @@ def test_the_first_probe_shared_by_six_runs_of_a_seed_counts_once():
     pooled = probes._pooled(probes.distinct(rows))
     assert pooled["probed_tokens"] == 3 + 2 * 3 + 3 and pooled["pivotal_tokens"] == 1 + 2 + 1
     assert pooled["H>=0.672"]["precision"] == 1.0 and pooled["H>=0.672"]["share"] == round(4 / 12, 4)
+
+
+def test_the_bisection_page_is_the_rendering_of_its_json():
+    import json
+
+    import probe_search
+
+    out = json.loads((ROOT / "docs" / "probe_search.json").read_text())
+    assert (ROOT / "docs" / "probe_search.md").read_text() == probe_search.markdown(out)
+    # the page's claims are the JSON's: the replayed search meets the target at its default split
+    assert out["meta"]["split_at"] == out["meta"]["pivotal_delta"] / 2
+    assert out["replay_by_split_share_of_delta"]["0.5"]["recall_of_reproducible"] == out["recall_of_reproducible"]["replay"]

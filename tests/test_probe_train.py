@@ -83,3 +83,42 @@ def test_a_failing_reward_skips_the_probe_with_one_warning(tmp_path, tiny, caplo
     sink.flush()
     assert sink.reader.probe_steps(sink.run_id) == [3]
     sink.finish()
+
+
+def test_undecided_groups_are_probed_first_and_a_search_stores_its_segments(tmp_path):
+    # the readable preset's warm start, 0/1 rewards, groups of 2: pairs that differ, pairs all wrong or all right
+    db = str(tmp_path / "readable.duckdb")
+    result = train(load_config(preset="readable", overrides=dict(
+        steps=1, run="undecided", db=db, progress=False, graded=False, group_size=2, probe_every=1, probe_samples=3, probe_k=2,
+        probe_positions="search", probe_budget=100.0)))
+    from forksight.monitor.collector.store import Store
+
+    with Store(db) as store:
+        reader, run = store.reader, result.run_id
+        samples = reader.read_samples(run, 1)
+        rows = reader.read_probes(run, 1)
+        scalars = reader.read_scalars(run)
+    group = samples.sample_id // 2
+    spread = samples.groupby(group).reward.nunique()
+    mixed = set(samples.sample_id[group.map(spread) > 1])
+    assert 0 < len(mixed) < len(samples)           # the check means something: both kinds exist
+    probed = set(rows.sample_id)
+    assert len(probed) == 3 and (probed <= mixed if len(mixed) >= 3 else mixed <= probed)
+    for _, one in rows.groupby("sample_id"):       # bisection leaves tile each completion
+        one = one.sort_values("pos")
+        assert (one.pos + one.span).tolist()[:-1] == one.pos.tolist()[1:]
+    cont = scalars[scalars.key == "probe/continuations"].value
+    assert len(cont) == 1 and cont.iloc[0] > 0 and cont.iloc[0] % 2 == 0
+
+
+def test_pick_takes_preferred_rows_first_then_fills_from_the_rest():
+    from forksight.hooks.capture.step_probe import StepProber, undecided
+    from forksight.hooks.metrics.value_probe import ProbeSettings
+
+    assert undecided([1, 1, 0, 1, 0.5, 0.5], [0, 0, 1, 1, 2, 2]) == [2, 3]
+    prober = StepProber(LocalSink.__new__(LocalSink), ProbeSettings(), every=1, samples=3)
+    for step in range(20):
+        assert set(prober.pick(10, step, prefer=[2, 3, 7, 8])) <= {2, 3, 7, 8}
+        picked = prober.pick(10, step, prefer=[4])
+        assert 4 in picked and len(picked) == 3
+        assert prober.pick([1, 5], step, prefer=[5, 6]) == [1, 5]     # only eligible rows, never more than there are

@@ -93,6 +93,29 @@ def test_the_offline_probe_of_a_trl_stored_run_writes_rows_from_the_stored_token
         assert group.v_after.tolist()[:-1] == group.v_before.tolist()[1:]
 
 
+def test_the_offline_search_stores_every_estimated_prefix_and_counts_its_continuations(trl_run, capsys):
+    db, run, model = trl_run
+    with Store(db) as store:
+        before = store.reader.row_counts(run)["probes"]
+    code = main(["probe", "--db", db, "--run", run, "--step", "2", "--model", model, "--reward",
+                 f"{REWARDS}:starts_with_digit", "--samples", "2", "--positions", "search", "--k", "3"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    with Store(db) as store:
+        rows = store.reader.read_probes(run, 2)
+        assert store.reader.row_counts(run)["probes"] == before + summary["positions"] + summary["segments"]
+    new = rows[rows.k == 3]
+    assert new.sample_id.nunique() == 2
+    for _, group in new.groupby("sample_id"):   # the leaves tile the completion: each row's end is the next's start
+        group = group.sort_values("pos")
+        ends = (group.pos + group.span.fillna(1)).tolist()
+        assert group.pos.tolist()[0] == 0 and ends[:-1] == group.pos.tolist()[1:]
+        assert group.v_after.tolist()[:-1] == group.v_before.tolist()[1:]
+        wide = group[group.span > 1]           # not searched inside: its ends closer than the pivotal delta
+        assert ((wide.v_after - wide.v_before).abs() < 0.2).all() and wide.entropy.isna().all()
+    assert summary["continuations"] > 0 and summary["continuations"] % 3 == 0   # k per sampled value
+
+
 def test_the_offline_probe_reads_and_writes_through_a_collector(trl_run):
     db, run, model = trl_run
     with InProcessCollector(db) as srv:
@@ -130,7 +153,10 @@ def test_a_bad_reward_exits_non_zero_naming_it_and_writes_nothing(trl_run, capsy
     (["--k", "0"], "k (continuations per value) must be a whole number >= 1"),
     (["--run", "nope"], "no run 'nope'"),
     (["--step", "99"], "no stored completion with token ids at step 99"),
-    (["--positions", "many"], "positions must be 'forks', 'all' or a number"),
+    (["--positions", "many"], "positions must be 'auto', 'forks', 'all', 'search' or a number"),
+    (["--positions", "search", "--pivot-delta", "0"], "the pivotal delta must be between 0 and 1"),
+    (["--positions", "search", "--pivot-delta", "1"], "the pivotal delta must be between 0 and 1"),
+    (["--search-above", "-1"], "search_above must be a whole number of tokens >= 0"),
 ])
 def test_bad_arguments_exit_non_zero_with_a_clear_message(trl_run, capsys, args, says):
     db, run, model = trl_run

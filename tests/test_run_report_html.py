@@ -119,3 +119,21 @@ def test_bad_input_is_a_clear_error_and_nothing_is_written(stored, tmp_path, cap
 def test_an_unwritable_folder_is_named(stored, tmp_path, capsys):
     code = _report(stored, "trained", tmp_path / "no" / "such" / "dir" / "r.html")
     assert code == 2 and "not a writable folder" in capsys.readouterr().err
+
+
+def test_a_collector_serving_the_run_gives_the_same_report(stored, tmp_path, capsys):
+    import re
+
+    from collector_util import InProcessCollector
+
+    by_file, by_url = tmp_path / "file.html", tmp_path / "url.html"
+    assert _report(stored, "trained", by_file) == 0
+    with InProcessCollector(stored, token="s3cret") as srv:
+        assert main(["report", "--url", srv.url, "--token", "s3cret", "--run", "trained", "-o", str(by_url)]) == 0
+        assert main(["report", "--url", srv.url, "--run", "trained", "-o", str(tmp_path / "x.html")]) == 2
+        assert "bearer token" in capsys.readouterr().err
+    written = re.compile(r"report written [^<]* by forksight")      # the one line that differs: when
+    assert written.sub("", by_url.read_text()) == written.sub("", by_file.read_text())
+    assert main(["report", "--url", "http://127.0.0.1:1", "--run", "trained", "-o", str(tmp_path / "y.html")]) == 2
+    assert "no collector answers at http://127.0.0.1:1" in capsys.readouterr().err
+    assert not (tmp_path / "x.html").exists() and not (tmp_path / "y.html").exists()

@@ -135,9 +135,11 @@ class TrainConfig(BaseModel):
                           "V before and after tokens of the step's completions, the task's reward.", ge=0)
     probe_samples: int = _f(4, "monitoring", "Completions probed per probed step.", ge=1)
     probe_k: int = _f(16, "monitoring", "Continuations per value (its SE shrinks as 1/sqrt(k)).", ge=1)
-    probe_positions: str = _f("forks", "monitoring", "forks (every fork + as many random non-forks, at most "
-                              "16 per completion), all, or N random positions per completion.",
-                              pattern=r"^(forks|all|[1-9][0-9]*)$")
+    probe_positions: str = _f("auto", "monitoring", "auto (search for completions longer than 32 tokens, "
+                              "forks for shorter), forks (every fork + as many random non-forks, at most 16 per "
+                              "completion), all, search (bisection: about log2 T values per pivotal token), or "
+                              "N random positions per completion.",
+                              pattern=r"^(auto|forks|all|search|[1-9][0-9]*)$")
     probe_budget: float = _f(0.1, "monitoring", "Probing never takes more than this share of training "
                              "time: a probe past it is skipped (probe/skipped) and the log says so.", gt=0)
 

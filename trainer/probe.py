@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from forksight.hooks.capture.step_probe import StepProber
+from forksight.hooks.capture.step_probe import StepProber, undecided
 from forksight.hooks.metrics.probe_stats import TokenSignals
 from forksight.hooks.metrics.value_probe import ProbeInput, ProbeSettings, stop_ids
 
@@ -37,7 +37,7 @@ def probe_step(ctx: Any, step: int, batch: Any, stats: Any, selected: torch.Tens
                   zip(roll.input_ids[:, :roll.prompt_len], roll.attention_mask[:, :roll.prompt_len])]
     lengths = roll.mask.sum(-1).tolist()
     rows_here = roll.completion.shape[0]
-    picked = ctx.prober.pick(rows_here, step)
+    picked = ctx.prober.pick(rows_here, step, prefer=undecided(batch.rewards.tolist(), roll.group_ids.tolist()))
     inputs, signals, problems = [], [], []
     for i in picked:
         n = int(lengths[i])

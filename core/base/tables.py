@@ -169,6 +169,9 @@ PROBES = Table("probes", (
     _run_id(), _step(), _rank(),
     Column("sample_id", pa.int64(), "sequence id (as in tokens and samples)", required=True, ge=0),
     Column("pos", pa.int32(), "position of the probed token in the completion", required=True, ge=0),
+    Column("span", pa.int32(), "tokens the row's values span: 1 (or null, rows before it existed) for one "
+           "token, V before and after it; n > 1 for a bisection segment (positions=search) of n tokens from "
+           "pos whose end values differ by less than the pivotal delta, not searched inside", ge=1),
     Column("token_id", pa.int32(), "vocabulary id of the probed token"),
     Column("token", pa.string(), "decoded token text", max_chars=MAX_TOKEN_CHARS),
     Column("fork", pa.bool_(), "the token was a fork (H >= the fork threshold)"),

@@ -44,7 +44,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--reward", required=True, metavar="MODULE:FUNCTION",
                    help="fn(prompt: str, completion: str) -> float; MODULE dotted or a path to a .py file")
     p.add_argument("--samples", type=int, default=8, help="completions probed (default 8)")
-    p.add_argument("--positions", default="forks", help="forks (default), all, or N random per completion")
+    p.add_argument("--positions", default="auto",
+                   help="auto (default: search for completions longer than --search-above tokens, forks for "
+                        "shorter), forks, all, search (bisection: about log2 T values per pivot), or N random "
+                        "per completion")
+    p.add_argument("--search-above", type=int, default=32,
+                   help="auto: completions longer than this many tokens are searched by bisection (default 32)")
     p.add_argument("--k", type=int, default=16, help="continuations per value (default 16)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=None, help="default: the run's, else 1.0")
@@ -127,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, source) -> int:
     from tqdm.auto import tqdm
 
-    from forksight.hooks.metrics.probe_stats import TokenSignals, probe_scalars
+    from forksight.hooks.metrics.probe_stats import TokenSignals, one_token, probe_scalars
     from forksight.hooks.metrics.value_probe import ProbeInput, ProbeSettings, RewardError, probe, stop_ids
 
     with source:
@@ -145,7 +150,7 @@ def _run(args: argparse.Namespace, source) -> int:
         positions = int(args.positions) if str(args.positions).isdigit() else args.positions
         max_len = max(len(rows) for rows in tokens.values())
         settings = ProbeSettings(
-            k=args.k, positions=positions, seed=args.seed,
+            k=args.k, positions=positions, seed=args.seed, search_above=args.search_above,
             temperature=args.temperature or float(config.get("temperature") or 1.0),
             max_new_tokens=args.max_new_tokens or completion_cap(config) or max_len,
             first_token_eos="max_new_tokens" not in config,       # the bundled trainer samples min_new_tokens=1
@@ -185,18 +190,22 @@ def _run(args: argparse.Namespace, source) -> int:
         bar = tqdm(desc=f"probing {len(inputs)} completion(s) of step {args.step}", unit="value", file=sys.stderr)
         import time
 
-        start = time.perf_counter()
+        start, counts = time.perf_counter(), {}
         try:
             rows = probe(model, inputs, reward, settings, eos_id=stop_ids(model, tokenizer),
-                         pad_id=tokenizer.pad_token_id, decode=lambda t: tokenizer.decode([t]), progress=bar)
+                         pad_id=tokenizer.pad_token_id, decode=lambda t: tokenizer.decode([t]), progress=bar,
+                         counts=counts)
         except RewardError as exc:
             raise ProbeInputError(f"--reward {args.reward}: {exc}; nothing was written") from None
         finally:
             bar.close()
         scalars = probe_scalars(rows, signals, len(inputs), seed=args.seed)
         scalars["probe/seconds"] = time.perf_counter() - start
+        scalars["probe/continuations"] = float(counts["continuations"])
         source.write(args.run, args.step, rows, scalars)
-        print(json.dumps({"run": args.run, "step": args.step, "completions": len(inputs), "positions": len(rows),
+        print(json.dumps({"run": args.run, "step": args.step, "completions": len(inputs),
+                          "positions": sum(one_token(r) for r in rows), "segments": sum(not one_token(r) for r in rows),
+                          "continuations": counts["continuations"],
                           "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature,
                           "scalars": {k: round(v, 5) for k, v in scalars.items()}}))
     return 0

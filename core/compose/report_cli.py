@@ -1,4 +1,4 @@
-"""`forksight report --db FILE --run NAME [-o run.html]`: a run as one self-contained HTML file
+"""`forksight report --db FILE|--url URL --run NAME [-o run.html]`: a run as one self-contained HTML file
 (dashboard/report_html.py) to send to a colleague or attach to an issue; it opens from disk offline.
 Written to a temporary file beside the target and renamed into place: nothing half-written."""
 from __future__ import annotations
@@ -15,7 +15,10 @@ def add_parser(subparsers) -> None:
                               description="Write a run's verdict, charts, alerts with their fixes, coloured "
                                           "completions of a few steps and config into one HTML file that opens "
                                           "offline (plotly.js inlined).")
-    p.add_argument("--db", required=True, metavar="FILE", help="the DuckDB file (no collector may hold it)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", metavar="FILE", help="the DuckDB file (no collector may hold it)")
+    where.add_argument("--url", help="a running collector (forksight serve) holding the run")
+    p.add_argument("--token", default=None, help="the collector's bearer token (--url)")
     p.add_argument("--run", required=True, help="the run's id")
     p.add_argument("--output", "-o", default=None, metavar="FILE", help="where to write (default: RUN.html)")
     p.add_argument("--max-points", type=int, default=500, help="points per series (default 500)")
@@ -58,21 +61,22 @@ def run_report(args: argparse.Namespace) -> int:
                         ("--completions", args.completions)):
         if value < 1:
             return _fail(f"{flag} must be >= 1, got {value}")
-    if not os.path.exists(args.db):
+    if args.db and not os.path.exists(args.db):
         return _fail(f"--db: no DuckDB file at {args.db}")
     out = Path(args.output or f"{args.run}.html")
     if (problem := output_problem(out)) is not None:
         return _fail(problem)
+    from forksight.compose.notebook import open_reader
     from forksight.dashboard.report_html import render_report
-    from forksight.monitor.collector.store import Store
 
     try:
-        with Store(args.db, verify=False) as store:
-            text = render_report(store.reader, args.run, max_points=args.max_points,
+        with open_reader(args.db, args.url, args.token) as reader:
+            text = render_report(reader, args.run, max_points=args.max_points,
                                  token_steps=args.token_steps, completions=args.completions)
     except ValueError as exc:
-        return _fail(f"{exc}; `forksight serve --db {args.db}` lists its runs")
-    except RuntimeError as exc:          # another process holds the file
+        where = f"`forksight serve --db {args.db}`" if args.db else f"{args.url}/api/runs"
+        return _fail(f"{exc}; {where} lists its runs")
+    except (RuntimeError, ConnectionError, PermissionError) as exc:   # a file another process holds, no collector
         return _fail(str(exc))
     if (problem := write_atomically(text, out)) is not None:
         return _fail(problem)

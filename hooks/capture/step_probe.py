@@ -18,6 +18,15 @@ from forksight.hooks.metrics.value_probe import ProbeInput, ProbeSettings, Rewar
 log = logging.getLogger("forksight.probe")
 
 
+def undecided(values: Sequence[float], groups: Sequence[int]) -> list[int]:
+    """Rows whose group's rewards (or advantages) differ: where the outcome is not yet decided and a
+    token can be pivotal (a group all right or all wrong is decided from its first token)."""
+    seen: dict[int, set[float]] = {}
+    for v, g in zip(values, groups):
+        seen.setdefault(int(g), set()).add(round(float(v), 9))
+    return [i for i, g in enumerate(groups) if len(seen[int(g)]) > 1]
+
+
 class StepProber:
     """Decides when to probe, keeps the time budget, logs rows and scalars; one per run (rank)."""
 
@@ -43,12 +52,16 @@ class StepProber:
         optimiser steps) holds a due step: it is probed then, with the policy that sampled it."""
         return any(self.due(s) for s in range(step, step + max(1, span)))
 
-    def pick(self, rows: int | Sequence[int], step: int) -> list[int]:
+    def pick(self, rows: int | Sequence[int], step: int, prefer: Sequence[int] = ()) -> list[int]:
         """Which of the step's completions to probe (seeded by the probe's seed and the step): of
-        range(rows), or of the given row indices (those with a token to probe)."""
+        range(rows), or of the given row indices (those with a token to probe); those in `prefer`
+        first (`undecided`: groups whose rewards differ), the rest only to fill the count."""
         pool = range(rows) if isinstance(rows, int) else list(rows)
+        first = [i for i in pool if i in set(prefer)]
+        rest = [i for i in pool if i not in set(first)]
         rng = random.Random(self.settings.seed * 7_919 + step)
-        return sorted(rng.sample(pool, min(len(pool), self.samples)))
+        chosen = rng.sample(first, min(len(first), self.samples))
+        return sorted(chosen + rng.sample(rest, min(len(rest), self.samples - len(chosen))))
 
     def training_seconds(self) -> float:
         return time.perf_counter() - self.started - self.spent
@@ -75,8 +88,10 @@ class StepProber:
             return None
         start = time.perf_counter()
         settings = ProbeSettings(**{**self.settings.__dict__, "seed": self.settings.seed * 1_000_003 + step})
+        counts: dict = {}
         try:
-            rows = probe(model, inputs, reward, settings, eos_id=eos_id, pad_id=pad_id, decode=self.decode)
+            rows = probe(model, inputs, reward, settings, eos_id=eos_id, pad_id=pad_id, decode=self.decode,
+                         counts=counts)
         except RewardError as exc:
             self.spent += time.perf_counter() - start
             self._warn_once("reward", "forksight: value probe of step %d skipped: %s (training goes on; "
@@ -87,6 +102,7 @@ class StepProber:
         self.per_completion = seconds / max(1, len(inputs))
         scalars = probe_scalars(rows, signals, len(inputs), seed=settings.seed)
         scalars.update({"probe/seconds": seconds, "probe/skipped": 0.0,
+                        "probe/continuations": float(counts["continuations"]),
                         "probe/budget_used": self.spent / max(train, 1e-9)})
         self.sink.log_probes(step, rows)
         self.sink.log_scalars(step, scalars)

@@ -41,7 +41,7 @@ class TrlProbe:
     """Wraps the trainer's generation step (after forksight's own tap) to probe every `every` steps."""
 
     def __init__(self, trainer, sink, *, probe_every: int, probe_samples: int = 4, probe_k: int = 16,
-                 probe_positions: str | int = "forks", probe_budget: float | None = 0.1, probe_seed: int = 0):
+                 probe_positions: str | int = "auto", probe_budget: float | None = 0.1, probe_seed: int = 0):
         self.trainer = trainer
         self.tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         settings = ProbeSettings(k=probe_k, positions=probe_positions, temperature=trainer.temperature,
@@ -101,14 +101,18 @@ class TrlProbe:
         if not eligible:
             log.info("forksight: no completion of step %d has a token to probe (all masked); probe skipped", step)
             return
-        picked = self.prober.pick(eligible, step)
+        G = trainer.num_generations
+        # undecided groups first: a group whose rewards differ gives some member a nonzero advantage
+        advantages = out.get("advantages")
+        moved = set() if advantages is None else {
+            (offset + i) // G for i, a in enumerate(advantages.reshape(local, -1)[:, 0].tolist()) if a != 0.0}
+        picked = self.prober.pick(eligible, step, prefer=[i for i in range(local) if (offset + i) // G in moved])
         # entropy and JS of the whole local batch (JS is to the group's mean: every rollout counts)
         ids = torch.cat([prompt_ids, comp_ids], 1)
         attn = torch.cat([prompt_mask, comp_mask], 1).long()
         position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
         logits = trainer.model(input_ids=ids, attention_mask=attn, position_ids=position_ids).logits
         logits = logits[:, prompt_ids.shape[1] - 1: -1]
-        G = trainer.num_generations
         stats = token_stats(logits.float(), mask=comp_mask, tokens=comp_ids, temperature=trainer.temperature,
                             group_ids=[(offset + i) // G for i in range(local)])
         items, signals, examples = [], [], []

@@ -95,11 +95,32 @@ def _ranks(v: torch.Tensor) -> torch.Tensor:
     return ranks
 
 
+def one_token(row: dict) -> bool:
+    """A row of one token (not a bisection segment searched no further: span > 1)."""
+    span = row.get("span")
+    return span is None or span != span or int(span) == 1
+
+
+def covered(rows: Sequence[dict], signals: Sequence[TokenSignals]) -> set[int]:
+    """The completions whose every position the rows account for: each probed (`all`), or probed or
+    inside a segment whose ends differ by less than the pivotal δ (`search`: no single pivot there)."""
+    seen: dict[int, set[int]] = {}
+    for r in rows:
+        span = 1 if one_token(r) else int(r["span"])
+        seen.setdefault(int(r["sample_id"]), set()).update(range(int(r["pos"]), int(r["pos"]) + span))
+    return {s.sample_id for s in signals if _length(s) and seen.get(s.sample_id, set()) >= set(range(_length(s)))}
+
+
 def probe_scalars(rows: Sequence[dict], signals: Sequence[TokenSignals], completions: int, *,
                   seed: int = 0) -> dict[str, float]:
     """The `probe/*` scalars of one probed step from its probe rows (value_probe.probe) and the
-    probed completions' signals; a number with nothing to count is left out, never 0 or NaN."""
+    probed completions' signals; a number with nothing to count is left out, never 0 or NaN. The
+    per-token figures read one-token rows (a bisection's unsearched segments are not tokens); each
+    rule's precision (`probe/precision/<rule>`: its picks that are pivotal) reads the completions the
+    rows cover whole (`all`, `search`), where a token no row names is not pivotal."""
     out: dict[str, float] = {}
+    whole = covered(rows, signals)
+    rows = [r for r in rows if one_token(r)]
     pivotal = [r for r in rows if r["pivotal"]]
     forks = [r for r in rows if r["fork"]]
     if completions:
@@ -120,8 +141,14 @@ def probe_scalars(rows: Sequence[dict], signals: Sequence[TokenSignals], complet
     rho = _spearman([r["entropy"] for r in known], [abs(r["delta"]) for r in known])
     if rho is not None:
         out["probe/spearman_entropy_delta"] = rho
+    masks = rule_masks(signals, seed=seed) if pivotal or whole else {}
     if pivotal:
-        for rule, picked in rule_masks(signals, seed=seed).items():
+        for rule, picked in masks.items():
             hits = sum(r["pos"] in picked.get(r["sample_id"], ()) for r in pivotal)
             out[f"probe/recall/{rule}"] = hits / len(pivotal)
+    pivots = {(int(r["sample_id"]), int(r["pos"])) for r in pivotal if int(r["sample_id"]) in whole}
+    for rule, picked in masks.items():
+        chosen = [(sid, t) for sid in whole for t in picked.get(sid, ())]
+        if chosen:
+            out[f"probe/precision/{rule}"] = sum(c in pivots for c in chosen) / len(chosen)
     return out

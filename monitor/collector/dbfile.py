@@ -36,6 +36,19 @@ _MEMORY_LIMIT = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B)", re.IGNORECASE)
 MIN_MEMORY_BYTES = 64 << 20
 
 
+def _no_progress_bar(conn) -> None:
+    """DuckDB's progress bar off (a collector's log is no terminal). Inside Jupyter DuckDB refuses
+    to change that setting, either way, without ipywidgets (forksight.show in a notebook): the
+    default is kept there; a store's queries are short."""
+    import duckdb
+
+    try:
+        conn.execute("SET enable_progress_bar = false")
+    except duckdb.Error as exc:
+        if "ipywidgets" not in str(exc):
+            raise
+
+
 def connect(path: str, verify: bool = True, config: dict | None = None):
     """Open the file read-write, create missing tables and (verify) read every block once, so a
     damaged file is refused now, not on the first read of a run; every failure says which kind."""
@@ -49,7 +62,7 @@ def connect(path: str, verify: bool = True, config: dict | None = None):
     except duckdb.Error as exc:
         raise RuntimeError(open_failure(path, exc)) from None
     try:
-        conn.execute("SET enable_progress_bar = false")   # a collector's log is no terminal
+        _no_progress_bar(conn)
         before = set(conn.execute("SELECT table_name, column_name FROM information_schema.columns "
                                   "WHERE table_schema = 'main'").fetchall())
         conn.execute(schema_sql())
