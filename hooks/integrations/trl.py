@@ -20,6 +20,8 @@ from forksight.hooks.capture.sample_log import as_text
 from forksight.hooks.metrics.summary import group_scalars
 from forksight.hooks.integrations import trl_trust
 from forksight.hooks.integrations.trl_logs import eval_key as _eval_key, eval_prefix as _eval_prefix
+from forksight.hooks.integrations.trl_mirror import check as check_mirror, mirror_into
+from forksight.hooks.integrations.trl_spec import run_spec
 from forksight.hooks.integrations.trl_rows import GenerationRows, length_mismatches, sampler_rows, trl_corrected
 
 log = logging.getLogger("forksight.trl")
@@ -45,7 +47,8 @@ class ForksightCallback(TrainerCallback):
     def __init__(self, *, sink=None, db: str | None = None, url: str | None = None, run: str | RunSpec | None = None,
                  project: str | None = None, stop_on_alert: bool = False, js_groups: int | str | None = None,
                  js_budget: float = 0.02, sample: int = 1, every: int = 1, chunk_size: int = 1024,
-                 correct_threshold: float = 1.0, correct_reward: str | None = None):
+                 correct_threshold: float = 1.0, correct_reward: str | None = None,
+                 mirror: str | list[str] | None = "auto"):
         self._sink_arg, self.db, self.url, self.run = sink, db, url, run
         self.project, self.stop_on_alert = project, stop_on_alert
         self.js_groups, self.js_budget, self.sample, self.every = js_groups, js_budget, sample, every
@@ -68,6 +71,8 @@ class ForksightCallback(TrainerCallback):
         self._off_policy_seen = None  # the last forward record TRL's off-policy mask was applied to
         self._warned: set[str] = set()
         self._trust = None            # trl_trust.TrlTrust: trust/* when generation batches are reused
+        self.mirror_arg, _ = mirror, check_mirror(mirror)          # a bad tracker name: said before any sink opens
+        self._mirror = None           # trl_mirror.TrackerMirror: forksight/ keys and alerts in report_to's trackers
 
     # ------------------------------------------------------------------ setup
     def bind(self, trainer) -> "ForksightCallback":
@@ -80,6 +85,7 @@ class ForksightCallback(TrainerCallback):
         self.sink = self._sink_arg if self._sink_arg is not None else self._open_sink(trainer, trl.__version__)
         if self.stop_on_alert:
             self.sink.stop_on_alert = True
+        self._mirror = mirror_into(trainer, self.mirror_arg, self.sink)
         if self.mode is None:
             message = (f"forksight: TRL {trl.__version__} is not a version forksight knows "
                        f"({', '.join(SUPPORT)}); monitoring TRL's logged scalars only (no per-token statistics)")
@@ -101,20 +107,8 @@ class ForksightCallback(TrainerCallback):
     def _open_sink(self, trainer, version: str):
         from forksight.monitor.sinks.client import open_sink
 
-        args = trainer.args
-        model = trainer.model
-        config = {"trl": version, "num_generations": trainer.num_generations,
-                  "temperature": trainer.temperature, "top_entropy_quantile": trainer.top_entropy_quantile,
-                  "loss_type": getattr(trainer, "loss_type", None), "beta": trainer.beta,
-                  "learning_rate": args.learning_rate, "max_completion_length": args.max_completion_length,
-                  "per_device_train_batch_size": args.per_device_train_batch_size,
-                  "world_size": trainer.accelerator.num_processes,
-                  "vocab_size": getattr(model.config, "vocab_size", None)}  # the explosion detector's log|V|
-        run = self.run or getattr(args, "run_name", None) or "trl-grpo"   # a RunSpec, or a name
-        spec = RunSpec.of(run, project=self.project, stop_on_alert=self.stop_on_alert or None).filled(
-            strategy="trl-grpo", model=getattr(model.config, "_name_or_path", None) or type(model).__name__,
-            config=config).replace(rank=trainer.accelerator.process_index)
-        return open_sink(spec, url=self.url, db=self.db)
+        return open_sink(run_spec(trainer, version, self.run, self.project, self.stop_on_alert),
+                         url=self.url, db=self.db)
 
     def _install(self, trainer, accel) -> None:
         if self.correct_reward and self.correct_reward not in trainer.reward_func_names:
@@ -296,8 +290,10 @@ class ForksightCallback(TrainerCallback):
         trust_values = self._trust.flush() if self._trust is not None and logs and prefix is None else {}
         if self.sink is None or not logs or not state.is_world_process_zero:
             return
+        if self._mirror is not None:
+            self._mirror.send_alerts(state.global_step)
         values = {_eval_key(k, prefix): float(v) for k, v in logs.items()
-                  if isinstance(v, (int, float)) and not isinstance(v, bool)}
+                  if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("forksight/")}
         values.update(trust_values)
         if values:
             self.sink.log_scalars(state.global_step, values)
@@ -314,8 +310,12 @@ class ForksightCallback(TrainerCallback):
                                         source="trl", scalars=False)
             if self._group_scalars is not None:
                 self.sink.log_scalars(step, self._group_scalars)
+                if self._mirror is not None:
+                    self._mirror.stage(self._group_scalars)
                 self._group_scalars = None
-            self.handle.flush(step, advantages=self._advantages)
+            flushed = self.handle.flush(step, advantages=self._advantages)
+            if self._mirror is not None:
+                self._mirror.stage(flushed)
             self._rows.next_step()
         if self.sink is not None and self.sink.stop_on_alert:
             # alerts are judged on the writer thread: without this wait a fast step could outrun the
@@ -342,6 +342,8 @@ class ForksightCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self.sink is not None and hasattr(self.sink, "flush"):
             self.sink.flush()
+        if self._mirror is not None and state.is_world_process_zero:   # alerts raised since the last log
+            self._mirror.send_alerts(state.global_step)
 
     # ------------------------------------------------------------------ control
     @property
@@ -362,6 +364,9 @@ class ForksightCallback(TrainerCallback):
         if self._trust is not None:
             self._trust.detach()
             self._trust = None
+        if self._mirror is not None:
+            self._mirror.detach()
+            self._mirror = None
         if self.trainer is not None:
             self.trainer.__dict__.pop("_generate_and_score_completions", None)
             self.trainer.__dict__.pop("get_high_entropy_mask", None)
