@@ -124,7 +124,19 @@ def sample_label(row: dict) -> str:
     return f"#{int(row['sample_id'])} · group {group_text} · reward {reward_text}{mark}"
 
 
-def legend(scale: TokenScale) -> html.Div:
+def fork_note(config: dict | None, threshold: float | None) -> str:
+    """What the outline means for a run: its fork rule (its config's `fork_rule`, else the default
+    abs:0.672) and, under a quantile rule, the step's threshold in nats."""
+    from forksight.base.fork_rule import ForkRule
+
+    try:
+        rule = ForkRule.parse((config or {}).get("fork_rule"))
+    except ValueError:
+        rule = ForkRule.parse(None)
+    return rule.describe(threshold)
+
+
+def legend(scale: TokenScale, fork: str = "fork token (H ≥ threshold)") -> html.Div:
     """The colour scale with its numbers (0, the fork threshold, the top), where the top comes
     from, and what the outline and underline mean."""
     def at(value: float) -> dict:
@@ -151,8 +163,7 @@ def legend(scale: TokenScale) -> html.Div:
                            *marks, *ticks]),
         html.Span(f"{UNITS[scale.metric]} · {'ends' if scale.diverging else 'top'} = {scale.source}",
                   className="scale-source"),
-        html.Span("fork token (H ≥ threshold)", className="tok fork",
-                  style={"marginLeft": "14px"}),
+        html.Span(fork, className="tok fork", id="tok-fork-rule", style={"marginLeft": "14px"}),
         html.Span("trained on", className="tok sel", style={"marginLeft": "10px"}),
         html.Span("environment text", className="tok env", style={"marginLeft": "10px"}),
         *([html.Span("pivotal", className="tok pivot", style={"marginLeft": "10px"})]

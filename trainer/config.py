@@ -125,6 +125,8 @@ class TrainConfig(BaseModel):
     stream: bool = _f(True, "monitoring", "Stream at all; False = no sink (benchmarks).")
     stop_on_alert: bool = _f(False, "monitoring", "Stop when the collector raises a critical alert.")
     token_groups: int = _f(1, "monitoring", "Groups per step whose per-token rows are stored.", ge=0)
+    fork_rule: str = _f("abs:0.672", "monitoring", "Which tokens are forks (the stored fork flag, fork/frac, "
+                        "the pages' outline): abs:τ (H ≥ τ nats) or top:q (the step's top q by H).")
     out_dir: str = _f("runs", "monitoring", "Checkpoints go to out_dir/<run>/.")
     save_every: int = _f(0, "monitoring", "Checkpoint every this many steps (0 = only at the end).",
                          ge=0)
@@ -149,6 +151,13 @@ class TrainConfig(BaseModel):
         if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", value):
             raise ValueError(f"device must be cpu, cuda, cuda:N or mps, got {value!r}")
         return value
+
+    @field_validator("fork_rule")
+    @classmethod
+    def _fork_rule(cls, value: str) -> str:
+        from forksight.base.fork_rule import ForkRule
+
+        return str(ForkRule.parse(value))
 
     @field_validator("tis_cap")
     @classmethod

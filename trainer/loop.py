@@ -141,7 +141,7 @@ def setup(config: TrainConfig, sink: Sink | None = None, *, model=None, tokenize
         sink = open_run_sink(config, run_name, rank, world)
     from forksight.hooks.capture.report import StepReporter
 
-    reporter = StepReporter(sink, tokenizer, token_groups=config.token_groups)
+    reporter = StepReporter(sink, tokenizer, token_groups=config.token_groups, fork_rule=config.fork_rule)
     sampler = Sampler(model, config.sampler_dtype, noise=config.sampler_noise,
                       noise_from_step=config.sampler_noise_from_step, seed=config.seed)
     from forksight.trainer.probe import make_prober

@@ -7,7 +7,9 @@ from typing import Any
 
 import torch
 
+from forksight.base.fork_rule import ForkRule
 from forksight.hooks.capture.step_probe import StepProber, undecided
+from forksight.hooks.metrics.token_select import fork_threshold
 from forksight.hooks.metrics.probe_stats import TokenSignals
 from forksight.hooks.metrics.value_probe import ProbeInput, ProbeSettings, stop_ids
 
@@ -36,6 +38,7 @@ def probe_step(ctx: Any, step: int, batch: Any, stats: Any, selected: torch.Tens
     prompt_ids = [row[mask.bool()].tolist() for row, mask in
                   zip(roll.input_ids[:, :roll.prompt_len], roll.attention_mask[:, :roll.prompt_len])]
     lengths = roll.mask.sum(-1).tolist()
+    tau = fork_threshold(ForkRule.parse(ctx.config.fork_rule), stats.entropy, roll.mask)   # the run's fork rule
     rows_here = roll.completion.shape[0]
     picked = ctx.prober.pick(rows_here, step, prefer=undecided(batch.rewards.tolist(), roll.group_ids.tolist()))
     inputs, signals, problems = [], [], []
@@ -43,7 +46,8 @@ def probe_step(ctx: Any, step: int, batch: Any, stats: Any, selected: torch.Tens
         n = int(lengths[i])
         sample_id = ctx.rank * rows_here + i                    # as the reporter numbers samples
         entropy = _row(stats.entropy, i, n)
-        inputs.append(ProbeInput(sample_id, prompt_ids[i], roll.completion[i, :n].tolist(), entropy=entropy))
+        inputs.append(ProbeInput(sample_id, prompt_ids[i], roll.completion[i, :n].tolist(), entropy=entropy,
+                                 fork=[h is not None and h >= tau for h in entropy]))
         signals.append(TokenSignals(sample_id, entropy, _row(stats.js, i, n),
                                     selected[i, :n].bool().cpu().tolist()))
         problems.append(batch.problems[i // cfg.group_size])

@@ -18,7 +18,7 @@ from forksight.dashboard.run_options import run_options, searchable
 from forksight.dashboard.run_view import vocab_size
 from forksight.dashboard.token_figures import (EARLY_STEPS, METRICS, SOURCES, TokenScale,
                                                position_step_heatmap, token_scale, with_log_ratio)
-from forksight.dashboard.tokens_view import legend, pick_sample, sample_label, token_spans
+from forksight.dashboard.tokens_view import fork_note, legend, pick_sample, sample_label, token_spans
 
 HISTORY_STEPS = 24      # columns of the position × step heatmap (one read per step, cached)
 
@@ -307,8 +307,10 @@ def register(app: dash.Dash) -> None:
         scale = _scale(app_state, run_id, metric)
         out = render_step(app_state.reader, run_id, step, choice or wanted, metric,
                           app_state.token_rows, scale, newest=last)
+        run = app_state.reader.run(run_id) or {}
+        threshold = app_state.reader.steps_scalars(run_id, [step]).get(step, {}).get("fork/threshold")
         return (out["options"], out["choice"], out["prompt"], out["main"], out["group"],
-                legend(scale), f"step {step}", [run_id, step])
+                legend(scale, fork_note(run.get("config"), threshold)), f"step {step}", [run_id, step])
 
     @app.callback(Output("tok-history", "figure"), Input("tok-prompt", "children"),
                   Input("tok-metric", "value"), Input("tok-span", "data"),

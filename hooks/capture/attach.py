@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from forksight.base.interfaces import Sink
+from forksight.base.fork_rule import ForkRule
 from forksight.base.runspec import RunSpec
 from forksight.hooks.capture.forward import ForwardCapture
 from forksight.hooks.capture.forward_stats import ForwardRecord, ForwardStats
@@ -49,7 +50,8 @@ class AttachHandle:
                  js_groups: int | str | None = None, js_budget: float = 0.02,
                  temperature: float = 1.0, chunk_size: int = 1024,
                  optimizer: torch.optim.Optimizer | None = None, auto_step: bool = True,
-                 start_step: int = 0, integration: Integration = Integration()):
+                 start_step: int = 0, integration: Integration = Integration(),
+                 fork_rule: "ForkRule | str | None" = None):
         if every < 1:
             raise ValueError(f"every must be >= 1 (report every N-th step), got {every}")
         if group_size is not None and group_size < 1:
@@ -61,7 +63,7 @@ class AttachHandle:
         self.model = model
         self.sink = sink
         self.owns_sink = owns_sink
-        self.reporter = StepReporter(sink, tokenizer=tokenizer, token_groups=sample)
+        self.reporter = StepReporter(sink, tokenizer=tokenizer, token_groups=sample, fork_rule=fork_rule)
         self.group_size = group_size
         self.every = every
         self.auto_step = auto_step and optimizer is None
@@ -192,21 +194,25 @@ def attach(model: torch.nn.Module, run: str | RunSpec = "run", *, url: str | Non
            sink: Sink | None = None, tokenizer=None, sample: int = 1, every: int = 1, group_size: int | None = None,
            js_groups: int | str | None = None, js_budget: float = 0.02, temperature: float = 1.0,
            chunk_size: int = 1024, optimizer: torch.optim.Optimizer | None = None,
-           project: str | None = None, stop_on_alert: bool = False, config: dict | None = None) -> AttachHandle:
+           project: str | None = None, stop_on_alert: bool = False, config: dict | None = None,
+           fork_rule: str | None = None) -> AttachHandle:
     """Watch any HF causal LM / PyTorch LM: per-token stats of every training forward go to forksight.
 
     One step per training forward (or per `optimizer.step()` when optimizer is given); rewards
     and verdicts join with `handle.log_samples(...)`. `sample` groups keep per-token rows per step.
     `run`: a name or a RunSpec; project/stop_on_alert/config given here replace the spec's.
+    `fork_rule`: `abs:τ` or `top:q` (forksight.base.fork_rule; default abs:0.672), recorded in the config.
     """
     from forksight.monitor.sinks.client import open_sink
 
+    rule = ForkRule.parse(fork_rule)          # a bad rule: said before any sink opens
     owns = sink is None
     if sink is None:
         spec = RunSpec.of(run, project=project, stop_on_alert=stop_on_alert or None, config=config).filled(
             model=getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__,
-            config={"vocab_size": getattr(getattr(model, "config", None), "vocab_size", None)})
+            config={"vocab_size": getattr(getattr(model, "config", None), "vocab_size", None),
+                    "fork_rule": str(rule)})
         sink = open_sink(spec, url=url, db=db)
     return AttachHandle(model, sink, tokenizer=tokenizer, owns_sink=owns, group_size=group_size, sample=sample,
                         every=every, js_groups=js_groups, js_budget=js_budget, temperature=temperature,
-                        chunk_size=chunk_size, optimizer=optimizer)
+                        chunk_size=chunk_size, optimizer=optimizer, fork_rule=rule)

@@ -13,9 +13,11 @@ import numpy as np
 import torch
 
 from forksight.base.interfaces import Sink
-from forksight.base.constants import FORK_ENTROPY, MISMATCH_EDGES
+from forksight.base.constants import MISMATCH_EDGES
+from forksight.base.fork_rule import ForkRule
 from forksight.hooks import metrics
 from forksight.hooks.metrics.mismatch import clean_sampler_logp, log_ratio, ratio_scalars
+from forksight.hooks.metrics.token_select import fork_threshold
 
 
 def _np(x: Any) -> np.ndarray:
@@ -29,16 +31,17 @@ _TOKEN_FIELDS = ("entropy", "renyi2", "top1", "logp", "js")
 
 class StepReporter:
     """Summarise a step (scalars, entropy histogram, token rows of a bounded sample, samples).
-    fork_entropy is the ABSOLUTE fork reference (H ≥ 0.672) behind `fork/frac` and the `fork` column,
-    not a strategy's top-ρ quantile (that arrives as `selected`)."""
+    fork_rule (forksight.base.fork_rule: `abs:τ` or `top:q`, default abs:0.672) decides the `fork`
+    column, `fork/frac` and `fork/threshold` (the step's τ in nats; under `top:q` also
+    `fork/quantile` = q), not a strategy's own selection (that arrives as `selected`)."""
 
     def __init__(self, sink: Sink, tokenizer=None, token_groups: int = 1, max_token_rows: int = 4096,
-                 fork_entropy: float = FORK_ENTROPY):
+                 fork_rule: "ForkRule | str | None" = None):
         self.sink = sink
         self.tokenizer = tokenizer
         self.token_groups = token_groups
         self.max_token_rows = max_token_rows
-        self.fork_entropy = fork_entropy
+        self.fork_rule = ForkRule.parse(fork_rule)
         self._texts: dict[int, str] = {}  # token id -> its text
         self._warned: set[str] = set()
 
@@ -59,11 +62,17 @@ class StepReporter:
         `ratio`, `tv` ([B, T] float, NaN: unknown) and `clipped` ([B, T] bool) of each trained token
         at the batch's last update (hooks/metrics/trust.py: `token_columns`), stored as token columns."""
         mask = stats.mask.bool()
+        rule = self.fork_rule
+        threshold = fork_threshold(rule, stats.entropy, mask)
         if fork is None:
-            fork = (stats.entropy >= self.fork_entropy) & mask
+            fork = (stats.entropy >= threshold) & mask
         n_tokens = int(mask.sum())
         scalars = metrics.summarize(stats, selected=selected, advantages=advantages, parts=parts,
-                                    fork_entropy=self.fork_entropy)
+                                    fork_entropy=threshold)
+        if math.isfinite(threshold):
+            scalars["fork/threshold"] = float(threshold)
+        if rule.relative:
+            scalars["fork/quantile"] = rule.value
         sampler_logp = self._sampler_logp(sampler_logp, mask)
         ratios = None
         if sampler_logp is not None and stats.logp is not None:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from forksight.base.fork_rule import ForkRule
 from forksight.base.runspec import RunSpec
 from forksight.hooks.capture.attach import AttachHandle, Integration
 from forksight.hooks.metrics.passk import pass_at_k_groups
@@ -48,7 +49,7 @@ class ForksightCallback(TrainerCallback):
                  project: str | None = None, stop_on_alert: bool = False, js_groups: int | str | None = None,
                  js_budget: float = 0.02, sample: int = 1, every: int = 1, chunk_size: int = 1024,
                  correct_threshold: float = 1.0, correct_reward: str | None = None,
-                 mirror: str | list[str] | None = "auto"):
+                 mirror: str | list[str] | None = "auto", fork_rule: str | None = None):
         self._sink_arg, self.db, self.url, self.run = sink, db, url, run
         self.project, self.stop_on_alert = project, stop_on_alert
         self.js_groups, self.js_budget, self.sample, self.every = js_groups, js_budget, sample, every
@@ -71,7 +72,8 @@ class ForksightCallback(TrainerCallback):
         self._off_policy_seen = None  # the last forward record TRL's off-policy mask was applied to
         self._warned: set[str] = set()
         self._trust = None            # trl_trust.TrlTrust: trust/* when generation batches are reused
-        self.mirror_arg, _ = mirror, check_mirror(mirror)          # a bad tracker name: said before any sink opens
+        # a bad tracker name or fork rule: said before any sink opens
+        self.mirror_arg, _, self.fork_rule = mirror, check_mirror(mirror), ForkRule.parse(fork_rule)
         self._mirror = None           # trl_mirror.TrackerMirror: forksight/ keys and alerts in report_to's trackers
 
     # ------------------------------------------------------------------ setup
@@ -107,7 +109,7 @@ class ForksightCallback(TrainerCallback):
     def _open_sink(self, trainer, version: str):
         from forksight.monitor.sinks.client import open_sink
 
-        return open_sink(run_spec(trainer, version, self.run, self.project, self.stop_on_alert),
+        return open_sink(run_spec(trainer, version, self.run, self.project, self.stop_on_alert, self.fork_rule),
                          url=self.url, db=self.db)
 
     def _install(self, trainer, accel) -> None:
@@ -124,7 +126,7 @@ class ForksightCallback(TrainerCallback):
                                    group_size=trainer.num_generations, sample=self.sample, every=self.every,
                                    js_groups=self.js_groups, js_budget=self.js_budget,
                                    temperature=trainer.temperature, chunk_size=self.chunk_size, auto_step=False,
-                                   integration=rows)
+                                   integration=rows, fork_rule=self.fork_rule)
         if trainer.top_entropy_quantile < 1.0:
             original_mask = trainer.get_high_entropy_mask
 
@@ -391,9 +393,7 @@ class ForksightCallback(TrainerCallback):
 def attach(trainer, db: str | None = None, url: str | None = None, run: str | None = None, *,
            sink=None, stop_on_alert: bool = False, js_groups: int | str | None = None, **kwargs) -> ForksightCallback:
     """One line for an existing GRPOTrainer script: `forksight.trl.attach(trainer, db="runs.duckdb")`.
-
-    Returns the callback (already added). stop_on_alert=True ends training on a critical alert.
-    """
+    Returns the callback (already added). stop_on_alert=True ends training on a critical alert."""
     callback = ForksightCallback(sink=sink, db=db, url=url, run=run, stop_on_alert=stop_on_alert,
                                  js_groups=js_groups, **kwargs).bind(trainer)
     trainer.add_callback(callback)

@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
+from forksight.base.fork_rule import ForkRule
 from forksight.hooks.capture.step_probe import StepProber
 from forksight.hooks.metrics.probe_stats import TokenSignals
+from forksight.hooks.metrics.token_select import fork_threshold
 from forksight.hooks.metrics.token_stats import token_stats
 from forksight.hooks.metrics.value_probe import ProbeInput, ProbeSettings, RewardError, stop_ids
 
@@ -41,8 +43,9 @@ class TrlProbe:
     """Wraps the trainer's generation step (after forksight's own tap) to probe every `every` steps."""
 
     def __init__(self, trainer, sink, *, probe_every: int, probe_samples: int = 4, probe_k: int = 16,
-                 probe_positions: str | int = "auto", probe_budget: float | None = 0.1, probe_seed: int = 0):
-        self.trainer = trainer
+                 probe_positions: str | int = "auto", probe_budget: float | None = 0.1, probe_seed: int = 0,
+                 fork_rule=None):
+        self.trainer, self.fork_rule = trainer, ForkRule.parse(fork_rule)
         self.tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         settings = ProbeSettings(k=probe_k, positions=probe_positions, temperature=trainer.temperature,
                                  max_new_tokens=trainer.max_completion_length, seed=probe_seed)
@@ -115,13 +118,14 @@ class TrlProbe:
         logits = logits[:, prompt_ids.shape[1] - 1: -1]
         stats = token_stats(logits.float(), mask=comp_mask, tokens=comp_ids, temperature=trainer.temperature,
                             group_ids=[(offset + i) // G for i in range(local)])
+        tau = fork_threshold(self.fork_rule, stats.entropy, comp_mask)        # the run's fork rule
         items, signals, examples = [], [], []
         for i in picked:
             n = int(comp_mask[i].sum())
             entropy = stats.entropy[i, :n].float().cpu().tolist()
             js = None if stats.js is None else stats.js[i, :n].float().cpu().tolist()
             items.append(ProbeInput(offset + i, prompt_ids[i][prompt_mask[i]].tolist(), comp_ids[i, :n].tolist(),
-                                    entropy=entropy))
+                                    entropy=entropy, fork=[h >= tau for h in entropy]))
             signals.append(TokenSignals(offset + i, entropy, js))
             examples.append(inputs[i])
         self.prober.run(step, trainer.model, items, signals, lambda j, c: self._reward(examples[j], c),
@@ -137,7 +141,7 @@ def attach(trainer, db: str | None = None, url: str | None = None, run: str | No
     callback = plain_attach(trainer, db=db, url=url, run=run, **kwargs)
     if options.get("probe_every"):
         try:
-            callback.probe = TrlProbe(trainer, callback.sink, **options)
+            callback.probe = TrlProbe(trainer, callback.sink, fork_rule=callback.fork_rule, **options)
         except ValueError:
             callback.detach()
             raise

@@ -37,6 +37,12 @@ def top_rho_mask(entropy: Tensor, mask: Tensor, rho: float = 0.2) -> tuple[Tenso
     return (entropy >= threshold) & valid, threshold
 
 
+def fork_threshold(rule, entropy: Tensor, mask: Tensor) -> float:
+    """The step's fork threshold in nats under a fork rule (forksight.base.fork_rule): τ for `abs:τ`,
+    the (1−q) quantile of the valid tokens' H for `top:q` (inf when none is valid). Forks: H ≥ it."""
+    return rule.value if rule.kind == "abs" else top_rho_mask(entropy, mask, rule.value)[1]
+
+
 def top_rho_per_response(score: Tensor, mask: Tensor, rho: float = 0.1) -> Tensor:
     """Per row, valid tokens whose score ≥ that row's (1−rho) percentile (linear interpolation);
     at least one token per non-empty row (the row's maximum always qualifies). NaN counts as invalid."""

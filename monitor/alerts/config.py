@@ -92,12 +92,16 @@ class DiversityConfig(DetectorConfig):
 
 
 class ForkConfig(DetectorConfig):
-    """Fork-token starvation: too few tokens with H ≥ 0.672."""
+    """Fork-token starvation: too few tokens with H ≥ 0.672; under a top:q fork rule, its threshold falling."""
 
     keys: list[str] = Field(["fork/frac"], description="scalar(s) holding the fraction of tokens with H ≥ 0.672; the first present is used")
     floor: float = Field(0.05, ge=0.0, le=1.0, description="warn below this fraction of fork tokens")
     critical_floor: float = Field(0.01, ge=0.0, le=1.0, description="critical below this fraction")
     max_baseline_fraction: float = Field(0.5, gt=0.0, le=1.0, description="and only once the fraction is at most this share of its baseline (1 = floor alone)")
+    # under a quantile fork rule (top:q) the share is q by construction: the rule's entropy value is watched
+    threshold_key: str = Field("fork/threshold", description="under a top:q fork rule: the step's fork threshold H (nats)")
+    threshold_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="top:q rule: warn once the threshold is at most this share of its baseline")
+    threshold_critical_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="top:q rule: critical at this share")
 
 
 class StagnationConfig(DetectorConfig):

@@ -193,7 +193,8 @@ class DiversityDetector(Detector):
 
 
 class ForkDetector(Detector):
-    """Fraction of fork tokens (H ≥ 0.672) falling below a floor."""
+    """Fraction of fork tokens (H ≥ 0.672) falling below a floor; under a top:q fork rule (the share is q
+    by construction), the entropy threshold that makes the top q falling from its baseline."""
 
     name = "fork_starvation"
     fix = "raise clip-high or the temperature, or switch to --strategy ict"
@@ -205,6 +206,8 @@ class ForkDetector(Detector):
 
     def observe(self, step: int, scalars: dict[str, float], seen: int) -> list[Alert]:
         c = self.config
+        if "fork/quantile" in scalars and c.threshold_key in scalars:     # a top:q rule: its H value falls
+            return self._threshold(step, scalars[c.threshold_key], scalars["fork/quantile"], seen)
         key = next((k for k in c.keys if k in scalars), None)
         if key is None:
             return []
@@ -225,6 +228,26 @@ class ForkDetector(Detector):
                f"{100 * self.baseline.value:.2f}%, floor {100 * thr:.2f}%).")
         return [self._alert(step, severity, msg, ACTION_FORK, smooth, thr, signal=key,
                             evidence={"baseline": self.baseline.value})]
+
+    def _threshold(self, step: int, tau: float, q: float, seen: int) -> list[Alert]:
+        """Under `top:q` the fork share is q by construction: the forks starve when the entropy
+        that makes the step's top q falls (smoothed) to a share of its baseline."""
+        c = self.config
+        smooth = self.ema.update(tau)
+        self.baseline.update(tau)
+        if seen < c.warmup_steps or not self.baseline.ready or not self.baseline.value > 0:
+            return []
+        base, h = self.baseline.value, 1.0 + c.hysteresis
+        warn, crit = base * c.threshold_fraction, base * c.threshold_critical_fraction
+        severity = self.tiers.update(step, warn=smooth <= warn, crit=smooth <= crit,
+                                     warn_clear=smooth > warn * h, crit_clear=smooth > crit * h)
+        if severity is None:
+            return []
+        thr = crit if severity == "critical" else warn
+        msg = (f"Fork-token starvation: the entropy of the step's top {100 * q:g}% of tokens (the fork rule "
+               f"top:{q:g}) fell to {smooth:.3g} nats (baseline {base:.3g} nats, alert at {thr:.3g}).")
+        return [self._alert(step, severity, msg, ACTION_FORK, smooth, thr, signal=c.threshold_key,
+                            evidence={"baseline": base, "quantile": q})]
 
 
 class StagnationDetector(Detector):
