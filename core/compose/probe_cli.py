@@ -39,10 +39,15 @@ def add_parser(subparsers) -> None:
     where.add_argument("--url", help="a collector (forksight serve) holding the run")
     p.add_argument("--token", default=None, help="the collector's bearer token (--url)")
     p.add_argument("--run", required=True, help="the run's id")
-    p.add_argument("--step", type=int, required=True, help="the step whose completions are probed")
-    p.add_argument("--model", required=True, metavar="HF_DIR", help="the policy (a local HF causal LM)")
-    p.add_argument("--reward", required=True, metavar="MODULE:FUNCTION",
+    p.add_argument("--step", type=int, default=None, help="the step whose completions are probed")
+    p.add_argument("--model", default=None, metavar="HF_DIR", help="the policy (a local HF causal LM)")
+    p.add_argument("--reward", default=None, metavar="MODULE:FUNCTION",
                    help="fn(prompt: str, completion: str) -> float; MODULE dotted or a path to a .py file")
+    p.add_argument("--calibrate", action="store_true",
+                   help="probe nothing: from the run's stored probes, the fork rule (abs:τ and top:q) with the "
+                        "best F1 against its pivotal tokens, with bootstrap intervals")
+    p.add_argument("--store", action="store_true", help="--calibrate: make the best rule the run's fork_rule")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="--calibrate's output")
     p.add_argument("--samples", type=int, default=8, help="completions probed (default 8)")
     p.add_argument("--positions", default="auto",
                    help="auto (default: search for completions longer than --search-above tokens, forks for "
@@ -120,6 +125,14 @@ def _check_tokens(tokenizer, rows: list[dict]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.calibrate:
+            return _calibrate(args, open_source(args))
+        if args.store:
+            raise ProbeInputError("--store goes with --calibrate (it stores the calibrated fork rule)")
+        missing = [flag for flag, value in (("--step", args.step), ("--model", args.model),
+                                            ("--reward", args.reward)) if value is None]
+        if missing:
+            raise ProbeInputError(f"probing needs {', '.join(missing)} (or --calibrate, which reads stored probes)")
         return _run(args, open_source(args))
     except ProbeInputError as exc:
         print(f"forksight probe: {exc}", file=sys.stderr)
@@ -127,6 +140,34 @@ def run(args: argparse.Namespace) -> int:
     except (RuntimeError, OSError) as exc:       # a store that cannot be opened, a collector that is down
         print(f"forksight probe: {exc}", file=sys.stderr)
         return 1
+
+
+def _calibrate(args: argparse.Namespace, source) -> int:
+    from forksight.hooks.metrics.probe_calibrate import calibrate
+
+    with source:
+        config = source.run_config(args.run)
+        rows = source.probe_rows(args.run)
+        if not rows:
+            raise ProbeInputError(f"run {args.run!r} has no value probes to calibrate from: probe it first "
+                                  "(forksight probe --positions all, or train with --probe-every N); nothing written")
+        try:
+            out = {"run": args.run, **calibrate(rows)}
+        except ValueError as exc:
+            raise ProbeInputError(f"run {args.run!r}: {exc}; nothing written") from None
+        if args.store:
+            source.set_config(args.run, {**config, "fork_rule": out["best"]})
+            out["stored"] = out["best"]
+    if args.format == "json":
+        print(json.dumps(out))
+    else:
+        for key, rule in (("tau", "abs"), ("q", "top")):
+            r = out[key]
+            print(f"{rule}:{r['value']:g}  F1 {r['f1']:.3f} (precision {r['precision']:.3f}, recall {r['recall']:.3f})"
+                  f"  95% interval {r['interval']}")
+        print(f"best: {out['best']} over {out['pivots']} pivotal of {out['tokens']} probed tokens in "
+              f"{out['completions']} completions" + (f"; stored as the run's fork_rule" if args.store else ""))
+    return 0
 
 
 def _run(args: argparse.Namespace, source) -> int:

@@ -58,6 +58,12 @@ class DbSource:
     def token_steps_hint(self, run: str) -> str:
         return _hint(self.reader.token_steps(run))
 
+    def probe_rows(self, run: str) -> list[dict]:
+        return [{**r, "step": s} for s in self.reader.probe_steps(run) for r in _records(self.reader.read_probes(run, s))]
+
+    def set_config(self, run: str, config: dict) -> None:
+        self.store.update_run(run, config=config)
+
     def write(self, run: str, step: int, rows: list[dict], scalars: dict[str, float]) -> None:
         from forksight.base.records import Records, probes_table, scalars_table
         from forksight.monitor.sinks.base import finite_scalars, probe_rows
@@ -117,6 +123,23 @@ class UrlSource:
 
     def token_steps_hint(self, run: str) -> str:
         return _hint(self._get(f"/api/runs/{run}/token_steps").json())
+
+    def probe_rows(self, run: str) -> list[dict]:
+        rows = []
+        for step in self._get(f"/api/runs/{run}/probe_steps").json():
+            cursor = None
+            while True:
+                resp = self._get(f"/api/runs/{run}/probes", step=step, limit=100_000,
+                                 **({"cursor": cursor} if cursor else {}))
+                rows += [{**r, "step": step} for r in resp.json()]
+                if (cursor := resp.headers.get("X-Next-Cursor")) is None:
+                    break
+        return rows
+
+    def set_config(self, run: str, config: dict) -> None:
+        resp = self.http.patch(f"/api/runs/{run}", json={"config": config})
+        if resp.status_code >= 300:
+            raise RuntimeError(f"the collector refused the run's new config ({resp.status_code}): {resp.text[:300]}")
 
     def write(self, run: str, step: int, rows: list[dict], scalars: dict[str, float]) -> None:
         from forksight.monitor.sinks.base import finite_scalars, probe_rows
