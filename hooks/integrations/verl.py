@@ -17,7 +17,7 @@ computed", stored as null, where a group was split or the logits were never buil
 
 Settings come from `+trainer.forksight.<name>=...` (or FORKSIGHT_<NAME>): url, db, run, project,
 stop_on_alert, token_groups, correct_key, correct_threshold, allow_unknown_version, worker_stats
-(top-1/JS from the workers, default on). With neither
+(top-1/JS from the workers, default on), fork_rule (abs:τ or top:q, forksight.base.fork_rule). With neither
 url nor db, open_sink's default applies ($FORKSIGHT_URL, else an embedded collector).
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from forksight.base.fork_rule import ForkRule
 from forksight.hooks.integrations.verl_correction import correction_settings, corrected_tokens
 from forksight.hooks.integrations.verl_state import STATE, check_version, verl_version
 
@@ -42,7 +43,8 @@ LAST_RUN: dict[str, float] = {}
 TRL_NAMES = {"actor/pg_loss": "loss", "actor/grad_norm": "grad_norm", "actor/kl_loss": "kl"}
 
 _DEFAULTS = {"url": None, "db": None, "run": None, "project": None, "stop_on_alert": False, "token_groups": 1,
-             "correct_key": "acc", "correct_threshold": 1.0, "allow_unknown_version": False, "worker_stats": True}
+             "correct_key": "acc", "correct_threshold": 1.0, "allow_unknown_version": False, "worker_stats": True,
+             "fork_rule": "abs:0.672"}
 
 
 def _truthy(value: Any) -> bool:
@@ -69,6 +71,7 @@ def settings_from(config: Mapping | None) -> dict[str, Any]:
     out["worker_stats"] = _truthy(out["worker_stats"])
     out["token_groups"] = int(out["token_groups"])
     out["correct_threshold"] = float(out["correct_threshold"])
+    out["fork_rule"] = str(ForkRule.parse(out["fork_rule"]))     # a bad rule: said before the run starts
     return out
 
 
@@ -126,7 +129,8 @@ class ForksightLogger:
         spec = RunSpec.of(s["run"] or experiment_name or "verl", project=s["project"] or project_name or "default",
                           strategy=f"verl-{_select(config, 'algorithm.adv_estimator') or 'ppo'}",
                           model=str(self.model_path) if self.model_path else None,
-                          config=_run_config(config, version or "?"), stop_on_alert=s["stop_on_alert"])
+                          config={**_run_config(config, version or "?"), "fork_rule": s["fork_rule"]},
+                          stop_on_alert=s["stop_on_alert"])
         self.sink = open_sink(spec, url=s["url"], db=s["db"])
         self._reporter = None
         self._tokens: dict[str, Any] | None = None     # from _compute_old_log_prob, keyed by step
@@ -250,7 +254,8 @@ class ForksightLogger:
 
         if self._reporter is None:
             self._reporter = StepReporter(self.sink, tokenizer=self._tokenizer(),
-                                          token_groups=self.settings["token_groups"])
+                                          token_groups=self.settings["token_groups"],
+                                          fork_rule=self.settings["fork_rule"])
         tensors, non_tensor = batch["tensors"], batch["non_tensor"]
         responses = tensors["responses"]
         kept = tensors["response_mask"].bool()
