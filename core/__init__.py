@@ -61,11 +61,18 @@ def _embedded_collector():
     return start_embedded
 
 
+def _token_view():
+    from forksight.dashboard.report_html import token_view_html
+
+    return token_view_html
+
+
 def _wire() -> None:
     from forksight.base import wiring
 
     wiring.provide("local_sink", _local_sink)
     wiring.provide("embedded_collector", _embedded_collector)
+    wiring.provide("token_view_html", _token_view)    # the trackers' token views (integrations never import pages)
 
 
 _wire()

@@ -87,7 +87,6 @@ def completions_html(reader: Reader, run_id: str, steps: list[int], completions:
     the run's fixed scale, forks outlined, each token's numbers in its title; model text escaped.
     Styled by TOKEN_CSS (the report's <style> holds it; a notebook cell carries its own)."""
     from forksight.dashboard.pages.tokens import run_scale
-    from forksight.dashboard.tokens_view import token_title
 
     if not steps:
         return "<p>No token rows stored for this run.</p>"
@@ -101,17 +100,43 @@ def completions_html(reader: Reader, run_id: str, steps: list[int], completions:
         parts.append(f"<h3>step {step}</h3>")
         for sid in sorted(tokens["sample_id"].unique())[:completions]:
             rows = tokens[tokens["sample_id"] == sid].sort_values("pos").to_dict("records")
-            spans = []
-            for row in rows:
-                row = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
-                cls = "tok fork" if row.get("fork") else "tok"
-                text = row.get("token")
-                spans.append(f"<span class='{cls}' style='background:{scale.color(row.get('entropy'))}' "
-                             f"title='{_e(token_title(row))}'>{_e('∅' if not text else text)}</span>")
             r = reward.get(sid)
-            parts.append(f"<div class='meta'>sample {int(sid)} · reward {_e(None if r is None else f'{r:.3g}')}</div>"
-                         f"<div class='completion'>{''.join(spans)}</div>")
+            parts.append(completion_html(rows, scale, f"sample {int(sid)} · reward "
+                                                      f"{'–' if r is None else f'{r:.3g}'}"))
     return "".join(parts)
+
+
+def completion_html(rows: list[dict], scale, label: str) -> str:
+    """One completion's token rows (in order) as coloured spans under a label; model text escaped."""
+    from forksight.dashboard.tokens_view import token_title
+
+    spans = []
+    for row in rows:
+        row = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+        cls = "tok fork" if row.get("fork") else "tok"
+        text = row.get("token")
+        spans.append(f"<span class='{cls}' style='background:{scale.color(row.get('entropy'))}' "
+                     f"title='{_e(token_title(row))}'>{_e('∅' if not text else text)}</span>")
+    return f"<div class='meta'>{_e(label)}</div><div class='completion'>{''.join(spans)}</div>"
+
+
+def token_view_html(columns: dict, step: int, *, completions: int = 4, scale=None) -> tuple[str, object]:
+    """A step's token rows as a producer holds them (columns of equal-length lists: sample_id, pos,
+    token, entropy, fork, ...) as one self-styled HTML block of `completions` completions, coloured by
+    entropy on `scale` (None: one read from these rows); returns (html, the scale used), so a caller
+    keeps one scale for a run (the trackers' token views)."""
+    from forksight.dashboard.token_figures import token_scale
+
+    frame = pd.DataFrame(columns)
+    if frame.empty or "entropy" not in frame:
+        return "", scale
+    scale = scale or token_scale(frame["entropy"].dropna().astype(float), "entropy", steps=[int(step)])
+    parts = [f"<style>{TOKEN_CSS}</style><p class='meta'>forksight · step {int(step)} · colour: entropy H "
+             f"(0 → {scale.top:.3g} nats, {_e(scale.source)}) · outlined: fork tokens</p>"]
+    for sid in sorted(frame["sample_id"].unique())[:completions]:
+        rows = frame[frame["sample_id"] == sid].sort_values("pos").to_dict("records")
+        parts.append(completion_html(rows, scale, f"sample {int(sid)}"))
+    return "".join(parts), scale
 
 
 def render_report(reader: Reader, run_id: str, *, max_points: int = 500, token_steps: int = 3,

@@ -3,8 +3,9 @@ run with report_to=["wandb", "trackio", "mlflow", "tensorboard"] (W&B offline, t
 local files) and forksight attached, an alert firing from step 2. Read back by each tracker's own
 reader — W&B's offline run file (wandb's DataStore), trackio's local store (its SQLiteStorage),
 MLflow's client, TensorBoard's event reader — the `forksight/` keys equal, step for step, what
-forksight stored for the run, and the alert is there as the tracker's own alert (W&B, trackio) or
-as a text record (TensorBoard's text, an MLflow artifact). mirror="none" adds nothing; a tracker
+forksight stored for the run, the alert is there as the tracker's own alert (W&B, trackio) or
+as a text record (TensorBoard's text, an MLflow artifact), and every 2nd step a token view of the
+stored completions (entropy-coloured HTML; TensorBoard: each token with its H). mirror="none" adds nothing; a tracker
 that is named but not installed is said in one line naming its package, and training goes on."""
 from __future__ import annotations
 
@@ -75,6 +76,8 @@ def test_wandb_offline_run_holds_the_keys_and_the_alert(mirrored):
             alerts.append((record.alert.title, record.alert.text, record.alert.level))
     _check(stored, found)
     assert any("entropy_collapse" in title and "Fix:" in text and level == "ERROR" for title, text, level in alerts)
+    views = glob.glob(str(out / "wandb" / "offline-run-*" / "files" / "media" / "html" / "forksight" / "tokens_*.html"))
+    assert len(views) == 2 and all("class='tok" in Path(v).read_text() for v in views)     # steps 2 and 4
 
 
 def test_trackio_store_holds_the_keys_and_the_alert(mirrored):
@@ -86,10 +89,15 @@ def test_trackio_store_holds_the_keys_and_the_alert(mirrored):
                           env={**os.environ, "TRACKIO_DIR": str(out / "trackio")})
     assert done.returncode == 0, done.stderr[-2000:]
     read = json.loads(done.stdout.strip().splitlines()[-1])
-    found = {(k[len("train/forksight/"):], int(row["step"])): v for row in read["logs"] for k, v in row.items()
-             if k.startswith("train/forksight/")}
+    # rows keyed by the trainer's step, as transformers' callback files it (trackio's own counter also
+    # counts TRL's profiling rows)
+    found = {(k[len("train/forksight/"):], int(row["train/global_step"])): v for row in read["logs"]
+             for k, v in row.items() if k.startswith("train/forksight/")}
     _check(stored, found)
     assert any("entropy_collapse" in a["title"] and a["level"] == "error" for a in read["alerts"])
+    assert sorted(int(row["train/global_step"]) for row in read["logs"] if "forksight/tokens" in row) == [2, 4]
+    views = glob.glob(str(out / "trackio" / "media" / "forksight-test" / "mirrored" / "*" / "*.html"))
+    assert len(views) == 2 and all("class='tok" in Path(v).read_text() for v in views)
 
 
 def test_mlflow_run_holds_the_keys_and_the_alert_as_text(mirrored):
@@ -109,6 +117,8 @@ def test_mlflow_run_holds_the_keys_and_the_alert_as_text(mirrored):
     assert any("entropy_collapse" in p for p in texts)
     body = Path(client.download_artifacts(run.info.run_id, texts[0], str(out))).read_text()
     assert "Entropy collapsed" in body and "Fix:" in body
+    views = [a.path for a in client.list_artifacts(run.info.run_id, "forksight/tokens")]
+    assert views == ["forksight/tokens/step-0000002.html", "forksight/tokens/step-0000004.html"]
 
 
 def test_tensorboard_events_hold_the_keys_and_the_alert_as_text(mirrored):
@@ -126,6 +136,8 @@ def test_tensorboard_events_hold_the_keys_and_the_alert_as_text(mirrored):
             assert found[(key, step)] == pytest.approx(stored[(key, step)], rel=1e-6)
     text = b"".join(t.tensor_proto.string_val[0] for t in events.Tensors("forksight/alerts/text_summary"))
     assert b"entropy_collapse" in text and b"Fix:" in text
+    views = events.Tensors("forksight/tokens/text_summary")
+    assert [v.step for v in views] == [2, 4] and all(b"**sample" in v.tensor_proto.string_val[0] for v in views)
 
 
 def test_mirror_none_adds_no_key(tiny_model_path, tmp_path):

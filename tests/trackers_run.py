@@ -39,7 +39,7 @@ def main(model_path: str, out: str, mirror: str = "auto") -> None:
     hub = AlertHub(AlertConfig(collapse=CollapseConfig(floor=50.0, warmup_steps=2, baseline_steps=1, persist=1)))
     store = Store(db)
     sink = LocalSink(db, "mirrored", store=store, hub=hub, config={"vocab_size": 311})
-    callback = forksight.trl.attach(trainer, sink=sink, sample=2, mirror=mirror)
+    callback = forksight.trl.attach(trainer, sink=sink, sample=2, mirror=mirror, mirror_tokens_every=2)
     trainer.train()
     callback.detach()
     sink.finish()

@@ -43,6 +43,7 @@ class StepReporter:
         self.max_token_rows = max_token_rows
         self.fork_rule = ForkRule.parse(fork_rule)
         self._texts: dict[int, str] = {}  # token id -> its text
+        self.last_tokens: tuple[int, dict | None] | None = None
         self._warned: set[str] = set()
 
     def report(self, step: int, stats: "metrics.TokenStats", token_ids: torch.Tensor, *,
@@ -102,6 +103,7 @@ class StepReporter:
         env = env_mask.bool() & ~mask if env_mask is not None else torch.zeros_like(mask)
         rows = self._token_rows(stats, token_ids, mask, env, fork, selected, group_list, ids, sampler_logp,
                                 self._trust(trust, mask))
+        self.last_tokens = (step, rows)        # the step's stored token rows (the trackers' token views)
         if rows:
             self.sink.log_tokens(step, rows)
         if samples:

@@ -49,7 +49,7 @@ class ForksightCallback(TrainerCallback):
                  project: str | None = None, stop_on_alert: bool = False, js_groups: int | str | None = None,
                  js_budget: float = 0.02, sample: int = 1, every: int = 1, chunk_size: int = 1024,
                  correct_threshold: float = 1.0, correct_reward: str | None = None,
-                 mirror: str | list[str] | None = "auto", fork_rule: str | None = None):
+                 mirror: str | list[str] | None = "auto", mirror_tokens_every: int = 50, fork_rule: str | None = None):
         self._sink_arg, self.db, self.url, self.run = sink, db, url, run
         self.project, self.stop_on_alert = project, stop_on_alert
         self.js_groups, self.js_budget, self.sample, self.every = js_groups, js_budget, sample, every
@@ -73,7 +73,8 @@ class ForksightCallback(TrainerCallback):
         self._warned: set[str] = set()
         self._trust = None            # trl_trust.TrlTrust: trust/* when generation batches are reused
         # a bad tracker name or fork rule: said before any sink opens
-        self.mirror_arg, _, self.fork_rule = mirror, check_mirror(mirror), ForkRule.parse(fork_rule)
+        self.mirror_arg, _ = (mirror, mirror_tokens_every), check_mirror(mirror)
+        self.fork_rule = ForkRule.parse(fork_rule)
         self._mirror = None           # trl_mirror.TrackerMirror: forksight/ keys and alerts in report_to's trackers
 
     # ------------------------------------------------------------------ setup
@@ -87,7 +88,7 @@ class ForksightCallback(TrainerCallback):
         self.sink = self._sink_arg if self._sink_arg is not None else self._open_sink(trainer, trl.__version__)
         if self.stop_on_alert:
             self.sink.stop_on_alert = True
-        self._mirror = mirror_into(trainer, self.mirror_arg, self.sink)
+        self._mirror = mirror_into(trainer, self.mirror_arg[0], self.sink, self.mirror_arg[1])
         if self.mode is None:
             message = (f"forksight: TRL {trl.__version__} is not a version forksight knows "
                        f"({', '.join(SUPPORT)}); monitoring TRL's logged scalars only (no per-token statistics)")
@@ -310,14 +311,12 @@ class ForksightCallback(TrainerCallback):
                                         [r["reward"] for r in s], [r["correct"] for r in s],
                                         [r["sample_id"] // G for r in s], sample_ids=[r["sample_id"] for r in s],
                                         source="trl", scalars=False)
-            if self._group_scalars is not None:
-                self.sink.log_scalars(step, self._group_scalars)
-                if self._mirror is not None:
-                    self._mirror.stage(self._group_scalars)
-                self._group_scalars = None
+            group, self._group_scalars = self._group_scalars, None
+            if group is not None:
+                self.sink.log_scalars(step, group)
             flushed = self.handle.flush(step, advantages=self._advantages)
-            if self._mirror is not None:
-                self._mirror.stage(flushed)
+            if self._mirror is not None and state.is_world_process_zero:   # the trackers log on rank 0
+                self._mirror.after_step(step, (group, flushed), self.handle.reporter.last_tokens)
             self._rows.next_step()
         if self.sink is not None and self.sink.stop_on_alert:
             # alerts are judged on the writer thread: without this wait a fast step could outrun the

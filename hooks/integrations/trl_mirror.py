@@ -72,20 +72,23 @@ def resolve(mirror: str | Sequence[str] | None, report_to: Sequence[str]) -> lis
     return kept
 
 
-def mirror_into(trainer, mirror: str | Sequence[str] | None, sink) -> "TrackerMirror | None":
+def mirror_into(trainer, mirror: str | Sequence[str] | None, sink, tokens_every: int = 50) -> "TrackerMirror | None":
     """The trainer's mirror (None when no tracker is mirrored into)."""
     trackers = resolve(mirror, list(getattr(trainer.args, "report_to", None) or []))
-    return TrackerMirror(trainer, trackers, sink) if trackers else None
+    return TrackerMirror(trainer, trackers, sink, tokens_every) if trackers else None
 
 
 class TrackerMirror:
-    """Stages each step's scalars, adds them to TRL's next training log, and sends new alerts."""
+    """Stages each step's scalars, adds them to TRL's next training log, sends new alerts, and every
+    `tokens_every` steps a token view of the step's stored completions (entropy-coloured HTML:
+    wandb.Html, trackio.Html, an MLflow HTML artifact, TensorBoard text)."""
 
-    def __init__(self, trainer, trackers: list[str], alerts: Any):
+    def __init__(self, trainer, trackers: list[str], alerts: Any, tokens_every: int = 50):
         self.trainer, self.trackers, self.alerts = trainer, trackers, alerts   # alerts: the sink (.alerts)
+        self.tokens_every, self.scale = tokens_every, None                     # one colour scale per run
         self.staged: dict[str, float] = {}
         self.sent = 0
-        self.failed: set[str] = set()
+        self.failed: set[tuple[str, str]] = set()       # (tracker, what) that failed once
         inner = trainer.log
 
         def log_with_forksight(logs: dict, *args, **kwargs):
@@ -100,20 +103,40 @@ class TrackerMirror:
         if scalars:
             self.staged.update(mirrored(scalars))
 
+    def after_step(self, step: int, scalars: Sequence[dict | None], last_tokens) -> None:
+        """A step's scalars staged for TRL's next log; its token view sent when due."""
+        for part in scalars:
+            self.stage(part)
+        self.send_tokens(step, last_tokens)
+
+    def send_tokens(self, step: int, last_tokens) -> None:
+        """The token view of `step` (the reporter's last stored rows) when it is due."""
+        if not self.tokens_every or step % self.tokens_every or not last_tokens or last_tokens[0] != step \
+                or not last_tokens[1]:
+            return
+        from forksight.base import wiring
+
+        html, self.scale = wiring.provided("token_view_html")(last_tokens[1], step, scale=self.scale)
+        if html:
+            self._each("tokens", lambda tracker: getattr(self, f"_tokens_{tracker}")(html, last_tokens[1], step))
+
+    def _each(self, what: str, send) -> None:
+        for tracker in self.trackers:
+            if (tracker, what) in self.failed:
+                continue
+            try:
+                send(tracker)
+            except Exception as exc:  # noqa: BLE001 - a tracker must never break the run
+                self.failed.add((tracker, what))
+                log.warning("forksight: sending %s to %s failed (%r); they stay in forksight's store, training "
+                            "goes on", what, tracker, exc)
+
     def send_alerts(self, step: int) -> None:
         """Each alert received since the last call, into every mirrored tracker."""
         new = self.alerts.alerts[self.sent:]
         self.sent += len(new)
         for alert in new:
-            for tracker in self.trackers:
-                if tracker in self.failed:
-                    continue
-                try:
-                    getattr(self, f"_alert_{tracker}")(alert, step)
-                except Exception as exc:  # noqa: BLE001 - a tracker must never break the run
-                    self.failed.add(tracker)
-                    log.warning("forksight: sending alerts to %s failed (%r); alerts stay in forksight's store, "
-                                "training goes on", tracker, exc)
+            self._each("alerts", lambda tracker: getattr(self, f"_alert_{tracker}")(alert, step))
 
     def detach(self) -> None:
         self.trainer.__dict__.pop("log", None)
@@ -145,6 +168,38 @@ class TrackerMirror:
         if writer is not None:
             writer.add_text("forksight/alerts", f"**{_title(alert)}**\n\n{_text(alert)}",
                             int(alert.get("step") or step))
+            writer.flush()
+
+
+    def _tokens_wandb(self, html: str, columns: dict, step: int) -> None:
+        import wandb
+
+        if wandb.run is not None:        # joins the step's next log row (commit=False)
+            wandb.log({"forksight/tokens": wandb.Html(html)}, commit=False)
+
+    def _tokens_trackio(self, html: str, columns: dict, step: int) -> None:
+        import trackio
+
+        # as transformers' TrackioCallback logs: trackio's own step counter, the trainer's step beside it
+        trackio.log({"forksight/tokens": trackio.Html(html), "train/global_step": step})
+
+    def _tokens_mlflow(self, html: str, columns: dict, step: int) -> None:
+        import mlflow
+
+        if mlflow.active_run() is not None:
+            mlflow.log_text(html, f"forksight/tokens/step-{step:07d}.html")
+
+    def _tokens_tensorboard(self, html: str, columns: dict, step: int) -> None:
+        writer = next((getattr(cb, "tb_writer", None) for cb in self.trainer.callback_handler.callbacks
+                       if type(cb).__name__ == "TensorBoardCallback"), None)
+        if writer is not None:           # TensorBoard's text is Markdown: each token with its H
+            lines, sid = [], None
+            for s, token, h in zip(columns["sample_id"], columns["token"], columns.get("entropy", [])):
+                if s != sid:
+                    lines.append(f"\n\n**sample {s}**: ")
+                    sid = s
+                lines.append(f"`{token!r}` {'–' if h is None else f'{h:.2f}'} ")
+            writer.add_text("forksight/tokens", "".join(lines).strip(), step)
             writer.flush()
 
 
