@@ -79,7 +79,7 @@ def _most_pivotal(srv, run: str) -> tuple[int, int, list[dict]]:
     """(step, sample, its probe rows) of the probed completion with the most pivotal tokens."""
     best = None
     for step in api(srv, f"{run}/probe_steps"):
-        rows = api(srv, f"{run}/probes", step=step)
+        rows = [r for r in api(srv, f"{run}/probes", step=step) if r.get("split") != "eval"]   # held-out: no token rows
         for sample in sorted({r["sample_id"] for r in rows}):
             mine = [r for r in rows if r["sample_id"] == sample]
             score = (sum(r["pivotal"] for r in mine), sum(bool(r["alternatives"] not in (None, "[]")) for r in mine))

@@ -31,6 +31,7 @@ def test_each_probed_step_stores_rows_whose_last_value_is_the_completions_own_re
         assert reader.probe_steps(run) == [1, 2, 3]
         for step in (1, 2, 3):
             rows = reader.read_probes(run, step)
+            rows = rows[rows.split.fillna("train") == "train"]     # step 3 also holds the final evaluation's
             samples = reader.read_samples(run, step).set_index("sample_id")
             assert rows.sample_id.nunique() == 3 and (rows.k == 4).all()
             for sample_id, group in rows.groupby("sample_id"):
@@ -97,6 +98,7 @@ def test_undecided_groups_are_probed_first_and_a_search_stores_its_segments(tmp_
         reader, run = store.reader, result.run_id
         samples = reader.read_samples(run, 1)
         rows = reader.read_probes(run, 1)
+        rows = rows[rows.split.fillna("train") == "train"]          # step 1 also ran the final evaluation
         scalars = reader.read_scalars(run)
     group = samples.sample_id // 2
     spread = samples.groupby(group).reward.nunique()
@@ -122,3 +124,31 @@ def test_pick_takes_preferred_rows_first_then_fills_from_the_rest():
         picked = prober.pick(10, step, prefer=[4])
         assert 4 in picked and len(picked) == 3
         assert prober.pick([1, 5], step, prefer=[5, 6]) == [1, 5]     # only eligible rows, never more than there are
+
+
+def test_held_out_completions_are_probed_at_each_probed_evaluation(tmp_path, tiny):
+    from forksight.trainer.probe import EVAL_SAMPLE_BASE
+    from forksight.trainer.tasks import held_out, make_task
+
+    result, store = _train(tmp_path, "heldout", steps=2, probe_every=2, eval_every=2, eval_problems=3,
+                           eval_samples=2, probe_budget=100.0)
+    with store:
+        reader, run = store.reader, result.run_id
+        assert reader.probe_steps(run) == [0, 1, 2]      # the base model's evaluation; training at 1 and 2
+        scalars = reader.read_scalars(run)
+        at0 = reader.read_probes(run, 0)
+        at1, at2 = reader.read_probes(run, 1), reader.read_probes(run, 2)
+        config = reader.run(run)["config"]
+    assert set(at1.split.fillna("train")) == {"train"} and set(at2.split.fillna("train")) == {"train", "eval"}
+    assert (at0.split == "eval").all() and (at0.sample_id >= EVAL_SAMPLE_BASE).all() and at0.sample_id.nunique() == 3
+    keys = set(scalars.key)
+    assert {"probe/eval/completions", "probe/eval/seconds", "probe/eval/continuations"} <= keys
+    # the value after a held-out completion's last token is that completion's own verified reward
+    task = make_task(config["task"], level=config["level"])
+    problems = held_out(task, 3, config["seed"])
+    _, tok = tiny                                    # the tiny model's tokenizer, as the run's
+    for sample_id, rows in at0.groupby("sample_id"):
+        rows = rows.sort_values("pos")
+        problem = problems[(sample_id - EVAL_SAMPLE_BASE) // 2]
+        text = tok.decode(rows.token_id.tolist(), skip_special_tokens=True)
+        assert rows.v_after.iloc[-1] == task.verify(problem, text)[0] and rows.se_after.iloc[-1] == 0

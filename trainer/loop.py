@@ -157,8 +157,9 @@ def setup(config: TrainConfig, sink: Sink | None = None, *, model=None, tokenize
 
 
 @torch.no_grad()
-def evaluate(ctx: Context) -> dict[str, float]:
-    """eval/pass@k on the held-out problems with eval_samples samples each."""
+def evaluate(ctx: Context, step: int | None = None) -> dict[str, float]:
+    """eval/pass@k on the held-out problems with eval_samples samples each; at a probed step (value
+    probes on), a few of these held-out completions are probed too (probe/eval/*)."""
     cfg = ctx.config
     problems = held_out(ctx.task, cfg.eval_problems, cfg.seed)
     torch.manual_seed(cfg.seed + 424242)
@@ -168,6 +169,10 @@ def evaluate(ctx: Context) -> dict[str, float]:
     verdicts = [[ctx.task.verify(p, roll.texts[i * n + j])[1] for j in range(n)]
                 for i, p in enumerate(problems)]
     out = {f"eval/pass@{k}": v for k, v in metrics.pass_at_k_groups(verdicts).items()}
+    if step is not None and ctx.prober is not None and ctx.prober.due(step):
+        from forksight.trainer.probe import probe_eval
+
+        probe_eval(ctx, step, roll, problems, n)
     return out
 
 
@@ -220,7 +225,7 @@ def train(config: TrainConfig, sink: Sink | None = None) -> TrainResult:
     stop_request = _StopRequest()
     if config.eval_every and start == 0 and ctx.rank == 0:
         # the base model's held-out pass@k at step 0: the line a collapse's cost is read against
-        last_eval = evaluate(ctx)
+        last_eval = evaluate(ctx, 0)
         sink.log_scalars(0, last_eval)
     try:
         for step in range(start + 1, config.steps + 1):
@@ -234,7 +239,7 @@ def train(config: TrainConfig, sink: Sink | None = None) -> TrainResult:
                             H=f"{scalars.get('entropy/mean', 0):.3f}",
                             p1=f"{scalars.get('pass@1', 0):.2f}")
             if config.eval_every and step % config.eval_every == 0 and ctx.rank == 0:
-                last_eval = evaluate(ctx)
+                last_eval = evaluate(ctx, step)
                 sink.log_scalars(step, last_eval)
             if ctx.rank == 0 and config.save_every and step % config.save_every == 0:
                 save_checkpoint(ctx, ckpt, step, run_id)
@@ -248,7 +253,7 @@ def train(config: TrainConfig, sink: Sink | None = None) -> TrainResult:
     bar.close()
     if ctx.rank == 0 and done > start:
         if not interrupted and (not config.eval_every or done % config.eval_every):
-            last_eval = evaluate(ctx)
+            last_eval = evaluate(ctx, done)
             sink.log_scalars(done, last_eval)
         save_checkpoint(ctx, ckpt, done, run_id)
     if not interrupted:  # after Ctrl-C the other ranks may be gone: do not wait for them

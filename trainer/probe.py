@@ -1,6 +1,8 @@
 """`forksight train --probe-every N`: value probes of the step's own completions with the task's
 verifier as the reward and the policy of that step (before its update), through the capture
-room's StepProber (budget, rows, probe/* scalars)."""
+room's StepProber (budget, rows, probe/* scalars); and, at each evaluation that falls on a probed
+step, of held-out completions (rows with split "eval", scalars under probe/eval/), where the run's
+generalisation is decided."""
 from __future__ import annotations
 
 from typing import Any
@@ -57,3 +59,38 @@ def probe_step(ctx: Any, step: int, batch: Any, stats: Any, selected: torch.Tens
 
     return ctx.prober.run(step, ctx.model, inputs, signals, reward, eos_id=stop_ids(ctx.model, tok),
                           pad_id=tok.pad_token_id)
+
+
+# held-out completions' sample ids sit above any training step's (which number rows from 0 per step)
+EVAL_SAMPLE_BASE = 1_000_000_000
+
+
+@torch.no_grad()
+def probe_eval(ctx: Any, step: int, roll: Any, problems: list, n: int) -> dict | None:
+    """Probe `ctx.prober.samples` held-out completions (the evaluation's, `n` per problem), those of
+    problems whose verdicts differ first, with the policy of this step; probe/eval/* scalars."""
+    from forksight.hooks import metrics
+    from forksight.trainer.rollout import completion_logits
+
+    cfg, tok = ctx.config, ctx.tokenizer
+    logits = completion_logits(ctx.model, roll.input_ids, roll.attention_mask, roll.prompt_len)
+    stats = metrics.token_stats(logits, mask=roll.mask, tokens=roll.completion, temperature=cfg.temperature)
+    tau = fork_threshold(ForkRule.parse(cfg.fork_rule), stats.entropy, roll.mask)
+    verdicts = [ctx.task.verify(problems[i // n], roll.texts[i])[0] for i in range(len(roll.texts))]
+    picked = ctx.prober.pick(len(roll.texts), step, prefer=undecided(verdicts, [i // n for i in range(len(verdicts))]))
+    prompt_ids = [row[mask.bool()].tolist() for row, mask in
+                  zip(roll.input_ids[:, :roll.prompt_len], roll.attention_mask[:, :roll.prompt_len])]
+    inputs, signals, chosen = [], [], []
+    for i in picked:
+        length = int(roll.mask[i].sum())
+        entropy = _row(stats.entropy, i, length)
+        inputs.append(ProbeInput(EVAL_SAMPLE_BASE + i, prompt_ids[i], roll.completion[i, :length].tolist(),
+                                 entropy=entropy, fork=[h is not None and h >= tau for h in entropy]))
+        signals.append(TokenSignals(EVAL_SAMPLE_BASE + i, entropy, None))
+        chosen.append(problems[i // n])
+
+    def reward(j: int, ids: list[int]) -> float:
+        return ctx.task.verify(chosen[j], tok.decode(ids, skip_special_tokens=True))[0]
+
+    return ctx.prober.run(step, ctx.model, inputs, signals, reward, eos_id=stop_ids(ctx.model, tok),
+                          pad_id=tok.pad_token_id, split="eval")

@@ -169,6 +169,8 @@ PROBES = Table("probes", (
     _run_id(), _step(), _rank(),
     Column("sample_id", pa.int64(), "sequence id (as in tokens and samples)", required=True, ge=0),
     Column("pos", pa.int32(), "position of the probed token in the completion", required=True, ge=0),
+    Column("split", pa.string(), "which completions: train (or null, rows before it existed) or eval "
+           "(held-out completions, sample_id from 1e9 + their index)", choices=("train", "eval")),
     Column("span", pa.int32(), "tokens the row's values span: 1 (or null, rows before it existed) for one "
            "token, V before and after it; n > 1 for a bisection segment (positions=search) of n tokens from "
            "pos whose end values differ by less than the pivotal delta, not searched inside", ge=1),

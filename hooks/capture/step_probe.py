@@ -74,8 +74,11 @@ class StepProber:
             log.warning(text)
 
     def run(self, step: int, model, inputs: Sequence[ProbeInput], signals: Sequence[TokenSignals],
-            reward: Reward, *, eos_id: int | Sequence[int], pad_id: int | None = None) -> dict[str, float] | None:
-        """Probe `inputs` (already picked) at `step`; the scalars logged, or None when skipped."""
+            reward: Reward, *, eos_id: int | Sequence[int], pad_id: int | None = None,
+            split: str = "train") -> dict[str, float] | None:
+        """Probe `inputs` (already picked) at `step`; the scalars logged, or None when skipped.
+        split "eval": held-out completions, rows marked so and scalars under probe/eval/."""
+        prefix = "probe/" if split == "train" else f"probe/{split}/"
         train = self.training_seconds()
         predicted = (self.per_completion or 0.0) * len(inputs)
         if self.budget is not None and self.per_completion is not None and \
@@ -84,7 +87,7 @@ class StepProber:
                             "past the budget of %.3g%% of training time (%.1f s spent of %.1f s); raise "
                             "probe_budget or probe fewer samples (probe/skipped marks each skipped step)",
                             step, predicted, 100 * self.budget, self.spent, train)
-            self.sink.log_scalars(step, {"probe/skipped": 1.0})
+            self.sink.log_scalars(step, {f"{prefix}skipped": 1.0})
             return None
         start = time.perf_counter()
         settings = ProbeSettings(**{**self.settings.__dict__, "seed": self.settings.seed * 1_000_003 + step})
@@ -104,6 +107,9 @@ class StepProber:
         scalars.update({"probe/seconds": seconds, "probe/skipped": 0.0,
                         "probe/continuations": float(counts["continuations"]),
                         "probe/budget_used": self.spent / max(train, 1e-9)})
+        if split != "train":
+            scalars = {prefix + k[len("probe/"):]: v for k, v in scalars.items()}
+            rows = [{**r, "split": split} for r in rows]
         self.sink.log_probes(step, rows)
         self.sink.log_scalars(step, scalars)
         return scalars
