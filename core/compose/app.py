@@ -104,6 +104,12 @@ class WholeBody:
         await self.app(scope, replay, send)
 
 
+# the collector's HTTP server, the same whatever else is installed: uvicorn picks httptools and a
+# websockets library when they are there (trackio, MLflow pull them in), and httptools answers
+# malformed headers differently from h11; the collector serves no websocket
+SERVER_OPTIONS = {"http": "h11", "ws": "none", "log_level": "warning", "access_log": False}
+
+
 class Collector:
     """A collector running in a daemon thread of this process (the embedded default, tests)."""
 
@@ -122,8 +128,8 @@ class Collector:
             self.parts.close()
             raise
         self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host or '127.0.0.1'}:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning",
-                                                    access_log=False, timeout_graceful_shutdown=5))
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, timeout_graceful_shutdown=5,
+                                                    **SERVER_OPTIONS))
         self.thread = threading.Thread(target=self.server.run, name="forksight-collector", daemon=True)
 
     def start(self, timeout: float = 20.0) -> "Collector":

@@ -72,7 +72,7 @@ def add_parser(subparsers) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from forksight.compose.app import create_app
+    from forksight.compose.app import SERVER_OPTIONS, create_app
     from forksight.compose.stack import CollectorParts
     from forksight.monitor.collector.guard import check_bind
     from forksight.monitor.collector.dbfile import duckdb_config
@@ -136,7 +136,7 @@ def run_serve(args: argparse.Namespace) -> int:
     # (a handler that did nothing there swallowed it, and the collector then ran on).
     previous = _stop_quietly_on_sigterm()
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        uvicorn.run(app, host=args.host, port=args.port, **SERVER_OPTIONS)
     except KeyboardInterrupt:          # Ctrl-C, raised again by uvicorn once it has shut down
         pass
     finally:
