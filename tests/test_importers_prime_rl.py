@@ -343,3 +343,37 @@ def test_a_sampler_logp_that_cannot_be_one_is_stored_null_and_said_once(tmp_path
     lr = np.array([-0.5 + 0.4, -2.0 + 2.5, -0.1 + 0.1])
     assert values["mismatch/tokens"] == 3 and values["mismatch/kl_k1"] == pytest.approx(np.mean(-lr), abs=1e-6)
     assert "mismatch/frac_corrected" not in values
+
+
+@pytest.mark.parametrize("rule", ["abs:0.672", "top:0.3"])
+def test_import_flags_forks_under_the_given_rule_and_records_it(exported, tmp_path, capsys, rule):
+    from forksight.base.fork_rule import ForkRule
+    from forksight.compose import cli
+    from forksight.monitor.collector.store import Store
+
+    out, references = exported
+    db = str(tmp_path / f"{rule.replace(':', '_')}.duckdb")
+    assert cli.main(["import", str(out / "token_exports"), "--db", db, "--run", "p", "--fork-rule", rule]) == 0
+    with Store(db) as store:
+        config = store.reader.run("p")["config"]
+        scalars = store.reader.read_scalars("p", downsample=100_000)
+        tokens = {s: store.reader.read_tokens("p", s) for s in (1, 2)}
+    assert config["fork_rule"] == rule
+    parsed = ForkRule.parse(rule)
+    for step, table in tokens.items():
+        trained = [h for _, h, _, env, *_ in expected_rows(references, step) if not env]
+        tau = parsed.value if parsed.kind == "abs" else float(np.quantile(np.array(trained, np.float64), 0.7))
+        at = scalars[scalars.step == step].set_index("key").value
+        assert at["fork/threshold"] == pytest.approx(tau, rel=1e-6)
+        assert at["fork/frac"] == pytest.approx(np.mean(np.array(trained) >= at["fork/threshold"]))
+        mine = table[~table["env"]]
+        assert (mine["fork"] == (mine["entropy"] >= at["fork/threshold"] - 1e-7)).all()
+
+
+def test_a_bad_fork_rule_is_refused_and_nothing_is_created(exported, tmp_path, capsys):
+    from forksight.compose import cli
+
+    out, _ = exported
+    assert cli.main(["import", str(out / "token_exports"), "--db", str(tmp_path / "x.duckdb"), "--fork-rule",
+                     "top:0"]) == 2
+    assert "fork rule 'top:0'" in capsys.readouterr().err and not (tmp_path / "x.duckdb").exists()

@@ -46,6 +46,18 @@ class ForkRule:
     def relative(self) -> bool:
         return self.kind == "top"
 
+    def threshold(self, entropy) -> float:
+        """The fork threshold (nats) of a step's valid tokens' entropies (a numpy array): τ, or their
+        (1−q) quantile, linear interpolation — numpy's default, as hooks.metrics.token_select's
+        fork_threshold computes it on tensors (inf when there is none)."""
+        import numpy as np
+
+        if self.kind == "abs":
+            return self.value
+        values = np.asarray(entropy, dtype=np.float64)
+        values = values[np.isfinite(values)]
+        return float(np.quantile(values, 1.0 - self.value)) if values.size else math.inf
+
     def describe(self, threshold: float | None = None) -> str:
         """The rule in words, with a step's threshold in nats when known."""
         if self.kind == "abs":

@@ -80,7 +80,7 @@ class Loaded:
     notes: list = field(default_factory=list)         # what was read other than as written, for stderr
 
 
-def load(source: str, run: str | None = None) -> Loaded:
+def load(source: str, run: str | None = None, fork_rule: str | None = None) -> Loaded:
     """One run; ValueError with what was expected otherwise. Samples (TRL's completions log) add pass@k
     to the steps; tokens (prime-rl's) add the mismatch scalars and histogram a live run would have."""
     from forksight.monitor.importers import read_source
@@ -88,7 +88,7 @@ def load(source: str, run: str | None = None) -> Loaded:
     path = Path(source)
     if path.is_file() and _is_duckdb(path):
         return _load_db(path, run)
-    imported = read_source(path)
+    imported = read_source(path, fork_rule)
     out = Loaded(imported.name, imported.kind, imported.steps, imported.rows, imported.config,
                  imported.samples, imported.tokens)
     if imported.samples:
@@ -182,6 +182,8 @@ def add_parser(subparsers) -> None:
                                                  "running collector holds)")
     imp.add_argument("--run", help="name of the new run (default: the source's name)")
     imp.add_argument("--project", default="imported", help="project to file the run under")
+    imp.add_argument("--fork-rule", default=None, help="which tokens are forks where the log holds per-token "
+                     "entropies (prime-rl's token export): abs:τ or top:q (default abs:0.672)")
     imp.add_argument("--tokenizer", help="tokenizer (directory or hub name) to show token text for a token "
                                          "export that holds ids only (prime-rl)")
     imp.set_defaults(func=run_import)
@@ -246,7 +248,7 @@ def write_html(source: str, run: str | None, out: str) -> str | None:
 
 def run_import(args: argparse.Namespace) -> int:
     try:
-        loaded = load(args.source)
+        loaded = load(args.source, fork_rule=args.fork_rule)
         name, tokens = loaded.name, loaded.tokens
         if tokens and args.tokenizer:
             from forksight.compose.import_extras import decode_tokens

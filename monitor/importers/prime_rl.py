@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from forksight.base.constants import FORK_ENTROPY
+from forksight.base.fork_rule import ForkRule
 from forksight.monitor.importers.run import ImportedRun, SourceError
 
 SCHEMA_VERSION = 1
@@ -64,13 +64,15 @@ def export_files(path: Path) -> dict[int, list[Path]]:
     return {s: files for s, files in sorted(out.items()) if files}
 
 
-def read_token_export(path: Path) -> ImportedRun:
+def read_token_export(path: Path, fork_rule: ForkRule | str | None = None) -> ImportedRun:
+    rule = ForkRule.parse(fork_rule)
     files = export_files(path)
     if not files:
         raise SourceError(f"{path} holds no step_N/rank_R.jsonl; expected {EXPECTED}")
     stable = {s for s, fs in files.items() if (fs[0].parent / "STABLE").exists()}
     root = _root(path)
     run = ImportedRun((root.parent.name if root else path.parent.parent.name) or "prime-rl", "prime-rl")
+    run.config["fork_rule"] = str(rule)
     kept = 0
     for step, rank_files in files.items():
         if stable and step not in stable:     # a step still being written when the export was copied
@@ -91,6 +93,9 @@ def read_token_export(path: Path) -> ImportedRun:
                     break
         if not columns["pos"]:
             continue
+        h = np.array([np.nan if v is None else v for v in columns["entropy"]], dtype=np.float64)
+        tau = rule.threshold(h[~np.array(columns["env"], dtype=bool)])          # the run's fork rule
+        columns["fork"] = [None if v is None else bool(v >= tau) for v in columns["entropy"]]
         corrected = columns.pop("corrected")
         table = pa.table({"step": pa.array(np.full(len(columns["pos"]), step, np.int64)),
                           "sample_id": pa.array(columns.pop("sample_id"), pa.int64()),
@@ -105,7 +110,7 @@ def read_token_export(path: Path) -> ImportedRun:
         known = any(c is not None for c in corrected)
         run.corrected.append(np.array([bool(c) for c in corrected]) if known else None)
         run.steps.append(step)
-        run.rows.append(_step_row(table))
+        run.rows.append(_step_row(table, tau, rule))
         if kept >= MAX_TOKENS:
             run.config["truncated_at_tokens"] = MAX_TOKENS
             break
@@ -162,7 +167,7 @@ def _sequence(record: dict, sample_id: int, columns: dict[str, list]) -> int:
         columns["logp"].append(logp[i] if trained else None)
         columns["sampler_logp"].append(_float(sampler[i]) if sampled else None)
         columns["corrected"].append(masked[i] if trained else None)
-        columns["fork"].append(None if h is None else h >= FORK_ENTROPY)
+        columns["fork"].append(None)             # set per step under the run's fork rule
         columns["selected"].append(trained and not masked[i])
         columns["env"].append(not trained)
     return n - start
@@ -173,12 +178,15 @@ def _float(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _step_row(table: pa.Table) -> dict[str, float]:
+def _step_row(table: pa.Table, tau: float, rule: ForkRule) -> dict[str, float]:
     entropy = table.column("entropy").to_numpy(zero_copy_only=False).astype(np.float64)
     trained = ~table.column("env").to_numpy(zero_copy_only=False).astype(bool)
     h = entropy[trained & np.isfinite(entropy)]
     row = {"tokens/count": float(trained.sum())}
     if h.size:
         row["entropy/mean"] = float(h.mean())
-        row["fork/frac"] = float((h >= FORK_ENTROPY).mean())
+        row["fork/frac"] = float((h >= tau).mean())
+        row["fork/threshold"] = float(tau)
+        if rule.relative:
+            row["fork/quantile"] = rule.value
     return row

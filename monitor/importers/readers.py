@@ -143,13 +143,13 @@ def read_csv(path: Path) -> ImportedRun:
 
 
 # ---------------------------------------------------------------------------- dispatch
-def read_source(source: str | Path) -> ImportedRun:
+def read_source(source: str | Path, fork_rule=None) -> ImportedRun:
     """Read a logged run from a file or directory, whichever format it is; SourceError says what
     was expected when it is none of them. A TRL output directory's completions log comes along
     as samples; prime-rl's token export as tokens (with per-step means as steps)."""
     path = Path(source)
     if path.exists() and export_files(path):
-        return read_token_export(path)
+        return read_token_export(path, fork_rule)      # per-token entropies: forks under the rule
     completions = completion_files(path) if path.exists() else []
     if completions and (path.is_file() or path.name == "completions"):
         run = ImportedRun(path.parent.name if path.name == "completions" else path.stem, "trl-completions")
