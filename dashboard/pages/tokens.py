@@ -3,6 +3,8 @@ group's other rollouts beside it, and a position × step heatmap for that prompt
 scale; the step slider follows new steps while the run trains."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import dash
 import pandas as pd
 from dash import Input, Output, State, ctx, dcc, html, no_update
@@ -309,8 +311,10 @@ def register(app: dash.Dash) -> None:
                           app_state.token_rows, scale, newest=last)
         run = app_state.reader.run(run_id) or {}
         threshold = app_state.reader.steps_scalars(run_id, [step]).get(step, {}).get("fork/threshold")
+        shown = replace(scale, marks=((threshold, "fork"),)) if metric == "entropy" and threshold is not None \
+            else scale                   # the bar marks this step's fork threshold under the run's rule
         return (out["options"], out["choice"], out["prompt"], out["main"], out["group"],
-                legend(scale, fork_note(run.get("config"), threshold)), f"step {step}", [run_id, step])
+                legend(shown, fork_note(run.get("config"), threshold)), f"step {step}", [run_id, step])
 
     @app.callback(Output("tok-history", "figure"), Input("tok-prompt", "children"),
                   Input("tok-metric", "value"), Input("tok-span", "data"),
