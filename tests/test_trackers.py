@@ -152,12 +152,12 @@ def test_mirror_none_adds_no_key(tiny_model_path, tmp_path):
 
 
 def test_a_tracker_named_but_not_installed_is_said_once_and_left_out(monkeypatch, caplog):
-    from forksight.hooks.integrations import trl_mirror
+    from forksight.hooks.capture import trackers as trl_mirror
 
     real = trl_mirror.importlib.util.find_spec
     monkeypatch.setattr(trl_mirror.importlib.util, "find_spec",       # this machine has all four installed
                         lambda name, *a: None if name == "trackio" else real(name, *a))
-    with caplog.at_level(logging.WARNING, logger="forksight.trl"):
+    with caplog.at_level(logging.WARNING, logger="forksight.trackers"):
         assert trl_mirror.resolve(["wandb", "trackio"], []) == ["wandb"]
         assert trl_mirror.resolve("auto", ["trackio", "tensorboard"]) == ["tensorboard"]
     said = [r.getMessage() for r in caplog.records if "trackio" in r.getMessage()]
@@ -168,7 +168,7 @@ def test_a_tracker_named_but_not_installed_is_said_once_and_left_out(monkeypatch
 
 
 def test_the_mirrored_set_is_bounded_and_finite():
-    from forksight.hooks.integrations.trl_mirror import MAX_MIRRORED, mirrored
+    from forksight.hooks.capture.trackers import MAX_MIRRORED, mirrored
 
     scalars = {"entropy/mean": 1.0, "loss": 2.0, "probe/recall/fork": 0.5, "fork/frac": float("nan"),
                **{f"pass@{k}": 0.1 for k in range(1, 200)}}
@@ -176,5 +176,8 @@ def test_the_mirrored_set_is_bounded_and_finite():
     assert out["forksight/entropy/mean"] == 1.0 and out["forksight/probe/recall/fork"] == 0.5
     assert "forksight/loss" not in out and "forksight/fork/frac" not in out
     assert sorted(int(k.split("@")[1]) for k in out if "pass@" in k) == [1, 2, 4, 8, 16, 32, 64, 128, 199]
+    nested = mirrored({"mismatch/frac_outside_2x": 0.1, "mismatch/frac_outside_2x/fork": 0.2, "fork/frac": 0.3})
+    assert nested == {"forksight/mismatch/frac_outside_2x/all": 0.1, "forksight/mismatch/frac_outside_2x/fork": 0.2,
+                      "forksight/fork/frac": 0.3}                    # no key is also another's folder
     many = mirrored({**scalars, **{f"mismatch/x{i}": 0.0 for i in range(100)}})
     assert len(many) == MAX_MIRRORED and "forksight/entropy/mean" in many      # the named keys first

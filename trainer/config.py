@@ -125,6 +125,10 @@ class TrainConfig(BaseModel):
     stream: bool = _f(True, "monitoring", "Stream at all; False = no sink (benchmarks).")
     stop_on_alert: bool = _f(False, "monitoring", "Stop when the collector raises a critical alert.")
     token_groups: int = _f(1, "monitoring", "Groups per step whose per-token rows are stored.", ge=0)
+    report_to: str = _f("", "monitoring", "Also write the run into these trackers, comma-separated: wandb, "
+                        "trackio, mlflow, tensorboard (forksight/ scalars, alerts, token views).")
+    report_tokens_every: int = _f(50, "monitoring", "--report-to: a token view every this many steps (0 = none).",
+                                  ge=0)
     fork_rule: str = _f("abs:0.672", "monitoring", "Which tokens are forks (the stored fork flag, fork/frac, "
                         "the pages' outline): abs:τ (H ≥ τ nats) or top:q (the step's top q by H).")
     out_dir: str = _f("runs", "monitoring", "Checkpoints go to out_dir/<run>/.")
@@ -151,6 +155,17 @@ class TrainConfig(BaseModel):
         if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", value):
             raise ValueError(f"device must be cpu, cuda, cuda:N or mps, got {value!r}")
         return value
+
+    @field_validator("report_to")
+    @classmethod
+    def _report_to(cls, value: str) -> str:
+        from forksight.hooks.capture.trackers import TRACKERS
+
+        named = [] if value.strip() in ("", "none") else [t.strip() for t in value.split(",") if t.strip()]
+        unknown = [t for t in named if t not in TRACKERS]
+        if unknown:
+            raise ValueError(f"report_to names {unknown}: write a comma-separated list of {', '.join(TRACKERS)}")
+        return ",".join(named)
 
     @field_validator("fork_rule")
     @classmethod

@@ -218,6 +218,11 @@ def train(config: TrainConfig, sink: Sink | None = None) -> TrainResult:
     run_id = getattr(sink, "run_id", None) or ctx.run_name
     bar = tqdm(total=config.steps, initial=start, desc=run_id, unit="step",
                disable=not config.progress or ctx.rank != 0)
+    trackers = None
+    if config.report_to and ctx.rank == 0:            # --report-to: the run in the user's own trackers
+        from forksight.trainer.trackers import OwnTrackers
+
+        trackers = OwnTrackers(config, run_id, sink)
     scalars: dict[str, float] = {}
     last_eval: dict[str, float] = {}
     stopped = interrupted = False
@@ -234,6 +239,8 @@ def train(config: TrainConfig, sink: Sink | None = None) -> TrainResult:
             with stop_request:  # a step is atomic: Ctrl-C ends the run after it, not inside it
                 scalars = train_step(ctx, step)
             done = step
+            if trackers is not None:
+                trackers.step(step, scalars, ctx.reporter.last_tokens)
             bar.update(1)
             bar.set_postfix(reward=f"{scalars.get('reward/mean', 0):.2f}",
                             H=f"{scalars.get('entropy/mean', 0):.3f}",
@@ -259,6 +266,9 @@ def train(config: TrainConfig, sink: Sink | None = None) -> TrainResult:
     if not interrupted:  # after Ctrl-C the other ranks may be gone: do not wait for them
         _barrier(ctx.world)
     sink.finish(status="stopped" if stopped else "finished")
+    if trackers is not None:        # alerts the last steps raised (finish has judged them) go too
+        trackers.send_alerts(done)
+        trackers.finish()
     return TrainResult(run_id=run_id, steps=done, final=scalars, eval=last_eval,
                        stopped_early=stopped, checkpoint=str(ckpt),
                        seconds=round(time.perf_counter() - started, 2))
