@@ -24,6 +24,8 @@ import platform
 import time
 from pathlib import Path
 
+from page_io import add_page_options, rendered_only, write_outputs
+
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = 128                   # prompt tokens before the completion
 
@@ -79,13 +81,10 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=16)
     parser.add_argument("--lengths", default="256,1024")
     parser.add_argument("--decode-tokens", type=int, default=8, help="tokens decoded per timing")
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--markdown", default=None)
-    parser.add_argument("--render", default=None, metavar="JSON")
+    add_page_options(parser, "docs/probe_cost.md")
     parser.add_argument("--note", default="", help="a line on the machine's state, written into the JSON")
     args = parser.parse_args()
-    if args.render:
-        Path(args.markdown).write_text(markdown(json.loads(Path(args.render).read_text())))
+    if rendered_only(args, markdown):
         return
     import torch
 
@@ -113,12 +112,7 @@ def main() -> None:
                     "torch": torch.__version__, "model": "Qwen2.5-0.5B shape, random init, float32",
                     "k": args.k, "prompt_tokens": PROMPT, "note": args.note},
            "per_completion": rows, "budget_10pct": table}
-    text = json.dumps(out, indent=1)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    if args.markdown:
-        Path(args.markdown).write_text(markdown(out))
-    print(text)
+    write_outputs(out, args, markdown)
 
 
 def _h(seconds: float) -> str:

@@ -25,10 +25,11 @@ import argparse
 import json
 import platform
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from page_io import add_page_options, commit, rendered_only, write_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -127,12 +128,9 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=64)
     parser.add_argument("--delta", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--markdown", default=None, help="also write the docs page here")
-    parser.add_argument("--render", default=None, metavar="JSON", help="only render --markdown from this JSON")
+    add_page_options(parser, "docs/probe_search.md")
     args = parser.parse_args()
-    if args.render:
-        Path(args.markdown).write_text(markdown(json.loads(Path(args.render).read_text())))
+    if rendered_only(args, markdown):
         return
     import torch
 
@@ -169,7 +167,7 @@ def main() -> None:
     sweep_values = sum(len(x.completion_ids) + 1 for x in inputs)
     lengths = [len(x.completion_ids) for x in inputs]
     out = {
-        "meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": _commit(),
+        "meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": commit(short=True),
                  "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
                  "model": "tiny, warmed on steps3 (three-digit worked sums) to sampled pass@1 0.3, seed 0",
                  "reward": "1 when the final answer is right", "k": args.k, "pivotal_delta": args.delta,
@@ -193,12 +191,7 @@ def main() -> None:
         "seconds": {"all": round(sweep_s, 1), "search": round(search_s, 1),
                     "ratio_search_over_all": round(search_s / sweep_s, 4)},
     }
-    text = json.dumps(out, indent=1)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    if args.markdown:
-        Path(args.markdown).write_text(markdown(out))
-    print(text)
+    write_outputs(out, args, markdown)
 
 
 def _pct(value) -> str:
@@ -248,14 +241,6 @@ at one token and falls by 0.3 at a later one: the segment's ends agree and neith
 end is an estimate, so noise at an end can stop a split. A miss costs recall; what the search reports
 pivotal is judged on that token's own two values, as in every other mode.
 """
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=REPO, timeout=10).stdout.strip()
-    except OSError:
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -17,11 +17,12 @@ import argparse
 import json
 import math
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from page_io import add_page_options, commit, rendered_only, write_outputs
 
 import numpy as np
 
@@ -175,13 +176,6 @@ def markdown(out: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return ""
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0", help="comma-separated RL seeds (default 0)")
@@ -190,12 +184,9 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=50, help="probe at step 1 and every N steps")
     parser.add_argument("--samples", type=int, default=4, help="completions probed per probed step")
     parser.add_argument("--k", type=int, default=16)
-    parser.add_argument("--out", default=None, help="write the JSON here (default: stdout)")
-    parser.add_argument("--markdown", default=None, help="also write the tables (docs/probes.md) here")
-    parser.add_argument("--render", default=None, metavar="JSON", help="only render --markdown from this JSON")
+    add_page_options(parser, "docs/probes.md")
     args = parser.parse_args()
-    if args.render:
-        Path(args.markdown).write_text(markdown(json.loads(Path(args.render).read_text())))
+    if rendered_only(args, markdown):
         return
     import torch
 
@@ -217,7 +208,7 @@ def main() -> None:
     import pandas as pd
 
     everything = distinct(pd.concat(all_rows, ignore_index=True))
-    out = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": _commit(),
+    out = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": commit(),
                     "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
                     "preset": "readable", "steps": args.steps, "probe_every": args.every, "samples": args.samples,
                     "k": args.k, "positions": "all", "seeds": args.seeds, "warm_start": "seed-0 warm-up for every run",
@@ -227,13 +218,7 @@ def main() -> None:
            "pooled_first_probe": _pooled(everything[everything.step == 1]),
            "pooled_last_probe": _pooled(everything[everything.step == args.steps]),
            "runs": runs}
-    text = json.dumps(out, indent=1)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    else:
-        print(text)
-    if args.markdown:
-        Path(args.markdown).write_text(markdown(out))
+    write_outputs(out, args, markdown, echo=not args.out)       # the JSON to stdout unless --out
 
 
 if __name__ == "__main__":

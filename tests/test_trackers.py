@@ -10,7 +10,6 @@ that is named but not installed is said in one line naming its package, and trai
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 import subprocess
@@ -19,17 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from tracker_util import tracker_env, trackio_read, wandb_html, wandb_records
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 STEPS = [1, 2, 3, 4]
 
 
 def _run(model: str, out: Path, mirror: str = "auto") -> None:
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(out), "WANDB_SILENT": "true",
-           "MLFLOW_TRACKING_URI": (out / "mlruns").as_uri(), "MLFLOW_ALLOW_FILE_STORE": "true",
-           "TRACKIO_DIR": str(out / "trackio"), "TENSORBOARD_LOGGING_DIR": str(out / "tb"), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, str(REPO / "tests" / "trackers_run.py"), model, str(out), mirror],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=out)
+                          capture_output=True, text=True, timeout=600, env=tracker_env(out), cwd=out)
     assert done.returncode == 0, done.stderr[-4000:]
 
 
@@ -55,40 +53,19 @@ def _check(stored: dict, found: dict) -> None:
 
 
 def test_wandb_offline_run_holds_the_keys_and_the_alert(mirrored):
-    from wandb.proto import wandb_internal_pb2 as pb
-    from wandb.sdk.internal.datastore import DataStore
-
     out, stored = mirrored
-    store = DataStore()
-    store.open_for_scan(glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb"))[0])
-    found, alerts = {}, []
-    while (data := store.scan_data()) is not None:
-        record = pb.Record()
-        record.ParseFromString(data)
-        kind = record.WhichOneof("record_type")
-        if kind == "history":
-            items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
-            step = items.get("train/global_step")
-            for name, value in items.items():
-                if name.startswith("train/forksight/"):
-                    found[(name[len("train/forksight/"):], int(step))] = value
-        elif kind == "alert":
-            alerts.append((record.alert.title, record.alert.text, record.alert.level))
+    rows, alerts = wandb_records(out)
+    found = {(name[len("train/forksight/"):], int(row["train/global_step"])): value for row in rows
+             for name, value in row.items() if name.startswith("train/forksight/")}
     _check(stored, found)
     assert any("entropy_collapse" in title and "Fix:" in text and level == "ERROR" for title, text, level in alerts)
-    views = glob.glob(str(out / "wandb" / "offline-run-*" / "files" / "media" / "html" / "forksight" / "tokens_*.html"))
+    views = wandb_html(out)
     assert len(views) == 2 and all("class='tok" in Path(v).read_text() for v in views)     # steps 2 and 4
 
 
 def test_trackio_store_holds_the_keys_and_the_alert(mirrored):
     out, stored = mirrored
-    code = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage as S; "
-            "print(json.dumps({'logs': S.get_logs('forksight-test', 'mirrored'), "
-            "'alerts': S.get_alerts('forksight-test')}, default=str))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "TRACKIO_DIR": str(out / "trackio")})
-    assert done.returncode == 0, done.stderr[-2000:]
-    read = json.loads(done.stdout.strip().splitlines()[-1])
+    read = trackio_read(out, "forksight-test", "mirrored")
     # rows keyed by the trainer's step, as transformers' callback files it (trackio's own counter also
     # counts TRL's profiling rows)
     found = {(k[len("train/forksight/"):], int(row["train/global_step"])): v for row in read["logs"]

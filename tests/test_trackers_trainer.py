@@ -6,14 +6,14 @@ offline, trackio's SQLite store, MLflow's client, TensorBoard's event reader). A
 does not write into is refused before the run starts."""
 from __future__ import annotations
 
-import glob
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+
+from tracker_util import tracker_env, trackio_read, wandb_html, wandb_records
 
 pytestmark = pytest.mark.slow
 STEPS = [1, 2, 3, 4]
@@ -27,10 +27,7 @@ def reported(tmp_path_factory):
     out = tmp_path_factory.mktemp("trainer-trackers")
     (out / "alerts.json").write_text(json.dumps({"collapse": {"floor": 50.0, "warmup_steps": 2,
                                                               "baseline_steps": 1, "persist": 1}}))
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(out), "WANDB_SILENT": "true",
-           "MLFLOW_TRACKING_URI": (out / "mlruns").as_uri(), "MLFLOW_ALLOW_FILE_STORE": "true",
-           "TRACKIO_DIR": str(out / "trackio"), "TENSORBOARD_LOGGING_DIR": str(out / "tb"),
-           "FORKSIGHT_ALERTS_CONFIG": str(out / "alerts.json"), "HF_HUB_OFFLINE": "1"}
+    env = tracker_env(out, FORKSIGHT_ALERTS_CONFIG=str(out / "alerts.json"))
     done = subprocess.run([sys.executable, "-m", "forksight", "train", "--preset", "tiny-test", "--task", "collapse",
                            "--lr", "0.03", "--max-new-tokens", "6", "--steps", "4", "--run", "own", "--project",
                            "fs-test", "--db", str(out / "runs.duckdb"), "--report-to",
@@ -51,37 +48,18 @@ def _check(stored: dict, found: dict, rel: float = 1e-9) -> None:
 
 
 def test_wandb(reported):
-    from wandb.proto import wandb_internal_pb2 as pb
-    from wandb.sdk.internal.datastore import DataStore
-
     out, stored = reported
-    store = DataStore()
-    store.open_for_scan(glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb"))[0])
-    found, alerts = {}, []
-    while (data := store.scan_data()) is not None:
-        record = pb.Record()
-        record.ParseFromString(data)
-        kind = record.WhichOneof("record_type")
-        if kind == "history":
-            items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
-            for name, value in items.items():
-                if name.startswith("forksight/") and isinstance(value, (int, float)):
-                    found[(name[len("forksight/"):], int(items["_step"]))] = value
-        elif kind == "alert":
-            alerts.append(record.alert.title)
+    rows, alerts = wandb_records(out)
+    found = {(name[len("forksight/"):], int(row["_step"])): value for row in rows for name, value in row.items()
+             if name.startswith("forksight/") and isinstance(value, (int, float))}
     _check(stored, found)
-    assert any("entropy_collapse" in t for t in alerts)
-    assert len(glob.glob(str(out / "wandb" / "offline-run-*" / "files" / "media" / "html" / "forksight" / "*.html"))) == 2
+    assert any("entropy_collapse" in title for title, _, _ in alerts)
+    assert len(wandb_html(out)) == 2
 
 
 def test_trackio(reported):
     out, stored = reported
-    code = ("import json; from trackio.sqlite_storage import SQLiteStorage as S; "
-            "print(json.dumps({'logs': S.get_logs('fs-test', 'own'), 'alerts': S.get_alerts('fs-test')}, default=str))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "TRACKIO_DIR": str(out / "trackio")})
-    assert done.returncode == 0, done.stderr[-2000:]
-    read = json.loads(done.stdout.strip().splitlines()[-1])
+    read = trackio_read(out, "fs-test", "own")
     found = {(k[len("forksight/"):], int(row["step"])): v for row in read["logs"] for k, v in row.items()
              if k.startswith("forksight/") and isinstance(v, (int, float))}
     _check(stored, found)

@@ -13,7 +13,7 @@ import sys
 import uuid
 from typing import Any, Callable
 
-from forksight.compose.probe_source import ProbeInputError, open_source
+from forksight.compose.probe_source import ProbeInputError, add_run_source, open_source
 
 # the run's completion length cap as each producer stores it: the bundled trainer, TRL, verl
 CAP_KEYS = ("max_new_tokens", "max_completion_length", "max_response_length")
@@ -34,11 +34,7 @@ def add_parser(subparsers) -> None:
                               description="V(x, y<t) and V(x, y<=t) of tokens of N stored completions of one "
                                           "step, each the mean reward of K continuations of --model "
                                           "(docs/algorithms.md, value probes).")
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--db", metavar="FILE", help="the DuckDB file (no collector may hold it)")
-    where.add_argument("--url", help="a collector (forksight serve) holding the run")
-    p.add_argument("--token", default=None, help="the collector's bearer token (--url)")
-    p.add_argument("--run", required=True, help="the run's id")
+    add_run_source(p)
     p.add_argument("--step", type=int, default=None, help="the step whose completions are probed")
     p.add_argument("--model", default=None, metavar="HF_DIR", help="the policy (a local HF causal LM)")
     p.add_argument("--reward", default=None, metavar="MODULE:FUNCTION",

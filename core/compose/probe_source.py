@@ -152,5 +152,14 @@ class UrlSource:
             raise RuntimeError(f"the collector refused the probes ({resp.status_code}): {resp.text[:500]}")
 
 
+def add_run_source(parser) -> None:
+    """--db FILE | --url URL [--token T] --run NAME: where a stored run is read (probe, report)."""
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", metavar="FILE", help="the DuckDB file (no collector may hold it)")
+    where.add_argument("--url", help="a running collector (forksight serve) holding the run")
+    parser.add_argument("--token", default=None, help="the collector's bearer token (--url)")
+    parser.add_argument("--run", required=True, help="the run's id")
+
+
 def open_source(args) -> DbSource | UrlSource:
     return DbSource(args.db) if args.db else UrlSource(args.url, args.token)

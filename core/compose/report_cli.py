@@ -9,17 +9,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from forksight.compose.probe_source import add_run_source
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("report", help="A run as one self-contained HTML file (charts, alerts, tokens).",
                               description="Write a run's verdict, charts, alerts with their fixes, coloured "
                                           "completions of a few steps and config into one HTML file that opens "
                                           "offline (plotly.js inlined).")
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--db", metavar="FILE", help="the DuckDB file (no collector may hold it)")
-    where.add_argument("--url", help="a running collector (forksight serve) holding the run")
-    p.add_argument("--token", default=None, help="the collector's bearer token (--url)")
-    p.add_argument("--run", required=True, help="the run's id")
+    add_run_source(p)
     p.add_argument("--output", "-o", default=None, metavar="FILE", help="where to write (default: RUN.html)")
     p.add_argument("--max-points", type=int, default=500, help="points per series (default 500)")
     p.add_argument("--token-steps", type=int, default=3, help="token steps shown: first, middle, last (default 3)")
