@@ -329,3 +329,34 @@ def test_settings_come_from_trainer_forksight_and_refuse_unknown_names(monkeypat
     assert settings_from({"trainer": {"forksight": {"fork_rule": "top:0.2"}}})["fork_rule"] == "top:0.2"
     with pytest.raises(ValueError, match="fork rule 'top:2'"):
         settings_from({"trainer": {"forksight": {"fork_rule": "top:2"}}})
+    # mirror: every tracker trainer.logger names by default; a list from the command line or a config
+    assert (settings["mirror"], settings["mirror_tokens_every"]) == ("auto", 50)
+    for given in ("[wandb,tensorboard]", "wandb, tensorboard", ["wandb", "tensorboard"]):
+        assert settings_from({"trainer": {"forksight": {"mirror": given}}})["mirror"] == ["wandb", "tensorboard"]
+    assert settings_from({"trainer": {"forksight": {"mirror": "none"}}})["mirror"] == "none"
+    with pytest.raises(ValueError, match=r"unknown tracker\(s\) \['wandbb'\]"):
+        settings_from({"trainer": {"forksight": {"mirror": "[wandbb]"}}})
+
+
+def test_mirror_writes_only_into_trackers_verl_opened(caplog):
+    from forksight.hooks.integrations.verl_mirror import mirror_into
+
+    class Backend:                                          # the interface of verl's Tracking backends
+        def __init__(self):
+            self.logged = []
+
+        def log(self, data, step):
+            self.logged.append((step, data))
+
+    class Alerts:
+        alerts = [{"step": 1, "detector": "entropy_collapse", "severity": "warning", "message": "m", "action": "a"}]
+
+    backends = {"console": Backend(), "tensorboard": Backend()}
+    assert mirror_into(backends, "none", Alerts(), 1) is None
+    with caplog.at_level("WARNING", logger="forksight.trackers"):
+        mirror = mirror_into(backends, ["wandb", "tensorboard"], Alerts(), 1)
+    assert mirror.trackers == ["tensorboard"] and "trainer.logger does not name it" in caplog.text
+    mirror = mirror_into(backends, "auto", Alerts(), 1)
+    assert mirror.trackers == ["tensorboard"]                  # console is verl's, not a tracker forksight knows
+    mirror.step(3, {"entropy/mean": 0.5, "actor/entropy": 0.5, "reward/mean": float("nan")}, None)
+    assert backends["tensorboard"].logged == [(3, {"forksight/entropy/mean": 0.5})] and not backends["console"].logged

@@ -29,10 +29,10 @@ REPO = Path(__file__).resolve().parents[1]
 BATCH, N = 4, 4                           # data.train_batch_size, rollout.n (tests/verl_main.py)
 
 
-def run_main(out: Path, url: str, *args: str) -> dict:
+def run_main(out: Path, url: str, *args: str, env: dict | None = None) -> dict:
     proc = subprocess.run([str(VERL_PY), str(REPO / "tests" / "verl_main.py"), str(out), "--url", url, *args],
                           cwd=REPO, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "FORKSIGHT_HOME": str(out / "home")})
+                          env={**(env or os.environ), "FORKSIGHT_HOME": str(out / "home")})
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["returncode"] == 0, (out / "main_ppo.log").read_text()[-6000:]
@@ -48,13 +48,16 @@ def read_api(url: str, run_id: str) -> dict:
             "samples": get(f"/api/runs/{run_id}/samples", step=1)}
 
 
-def main_run(tmp_path_factory, name: str, *args: str):
+def main_run(tmp_path_factory, name: str, *args: str, trackers: bool = False):
     from collector_util import ServeProcess
+    from tracker_util import tracker_env
 
     out = tmp_path_factory.mktemp(name)
     db = out / "collector.duckdb"
+    # W&B offline and TensorBoard (verl's adapter reads TENSORBOARD_DIR) writing under out
+    env = tracker_env(out, TENSORBOARD_DIR=str(out / "tb")) if trackers else None
     with ServeProcess(db) as collector:
-        summary = run_main(out, collector.url, "--run", name, *args)
+        summary = run_main(out, collector.url, "--run", name, *args, env=env)
         api = read_api(collector.url, name)
     verdicts = [json.loads(line) for line in (out / "verdicts.jsonl").read_text().splitlines()]
     return {"db": db, "summary": summary, "api": api, "verdicts": verdicts, "out": out}
@@ -70,8 +73,11 @@ TIGHT = "1.0002"
 def v1_run(tmp_path_factory):
     # verl's defaults route to the v1 trainer; prompt 5 (step 2: data.shuffle=False) scores NaN;
     # the rollout's log-probs off (verl 0.9.1's rollout.yaml turns them on)
+    # verl's Tracking also logs to TensorBoard and W&B: forksight mirrors into both (a token view each step)
     return main_run(tmp_path_factory, "verl-v1", "--steps", "5", "--nan-prompt", "5", "--stop-on-alert",
-                    "--set", "actor_rollout_ref.rollout.calculate_log_probs=False")
+                    "--set", "actor_rollout_ref.rollout.calculate_log_probs=False",
+                    "--logger", "console,forksight,tensorboard,wandb", "--set", "+trainer.forksight.mirror_tokens_every=1",
+                    trackers=True)
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +158,39 @@ def test_v1_run_reads_back_like_a_trl_run(v1_run):
     assert api["histograms"], "no entropy histogram"
     samples = api["samples"]
     assert len(samples) == BATCH * N and all("+" in s["prompt"] and s["prompt"].endswith("=") for s in samples)
+
+
+@needs_verl
+def test_v1_mirrors_keys_alert_and_tokens_into_verls_tensorboard_and_wandb(v1_run):
+    # read back by each tracker's own reader, against what the collector stored
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tracker_util import wandb_html, wandb_records
+
+    db, out = v1_run["db"], v1_run["out"]
+    stored = {(s, k): v for s, k, v in query(db, "SELECT step, key, value FROM scalars")}
+    events = EventAccumulator(str(out / "tb"), size_guidance={"scalars": 0, "tensors": 0}).Reload()
+    tags = events.Tags()
+    assert {"forksight/entropy/mean", "forksight/fork/frac", "forksight/pass@1", "forksight/pass@4"} <= set(tags["scalars"])
+    assert "actor/entropy" in tags["scalars"]                                  # verl's own keys beside ours
+    for key in ("entropy/mean", "fork/frac", "pass@4"):
+        values = {e.step: e.value for e in events.Scalars(f"forksight/{key}")}
+        assert sorted(values) == [1, 2, 3]
+        assert all(v == pytest.approx(stored[(s, key)], rel=1e-5, abs=1e-6) for s, v in values.items()), key
+    texts = {tag: [(e.step, e.tensor_proto.string_val[0].decode()) for e in events.Tensors(tag)]
+             for tag in ("forksight/alerts/text_summary", "forksight/tokens/text_summary")}
+    (alert_step, alert), = texts["forksight/alerts/text_summary"]
+    assert alert_step == 2 and "non_finite at step 2" in alert and "critical" in alert and "Fix:" in alert
+    assert [s for s, _ in texts["forksight/tokens/text_summary"]] == [1, 2, 3]
+    tokens_at_1 = query(db, "SELECT count(*) FROM tokens WHERE step = 1")[0][0]
+    assert 0 < texts["forksight/tokens/text_summary"][0][1].count("`") // 2 <= tokens_at_1
+    rows, alerts = wandb_records(out)
+    logged = {}
+    for row in rows:
+        if "forksight/pass@4" in row:
+            logged[row["_step"]] = row["forksight/pass@4"]
+    assert logged == {s: pytest.approx(stored[(s, "pass@4")], abs=1e-9) for s in (1, 2, 3)}
+    assert [(t, lvl) for t, _, lvl in alerts] == [("forksight critical: non_finite at step 2", "ERROR")]
+    assert len(wandb_html(out)) == 3
 
 
 @needs_verl

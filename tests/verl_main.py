@@ -78,7 +78,7 @@ def overrides(model: Path, data: Path, args) -> list[str]:
         "trainer.project_name=forksight-test", f"trainer.experiment_name={args.run}",
         f"trainer.default_local_dir={args.out / 'ckpt'}",
     ]
-    forksight = ["trainer.logger=[console,forksight]", f"+trainer.forksight.url={args.url}",
+    forksight = [f"trainer.logger=[{args.logger}]", f"+trainer.forksight.url={args.url}",
                  f"+trainer.forksight.stop_on_alert={args.stop_on_alert}", "+trainer.forksight.token_groups=4"]
     if args.legacy:
         run.append("trainer.use_v1=False")
@@ -119,6 +119,7 @@ if __name__ == "__main__":
     parser.add_argument("out", type=Path)
     parser.add_argument("--url", required=True, help="a running `forksight serve`")
     parser.add_argument("--run", default="verl-main")
+    parser.add_argument("--logger", default="console,forksight", help="trainer.logger's backends, comma-separated")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--legacy", action="store_true", help="trainer.use_v1=False")
     parser.add_argument("--nan-prompt", type=int, help="this prompt's reward is NaN (data.shuffle=False)")

@@ -17,8 +17,10 @@ computed", stored as null, where a group was split or the logits were never buil
 
 Settings come from `+trainer.forksight.<name>=...` (or FORKSIGHT_<NAME>): url, db, run, project,
 stop_on_alert, token_groups, correct_key, correct_threshold, allow_unknown_version, worker_stats
-(top-1/JS from the workers, default on), fork_rule (abs:τ or top:q, forksight.base.fork_rule). With neither
-url nor db, open_sink's default applies ($FORKSIGHT_URL, else an embedded collector).
+(top-1/JS from the workers, default on), fork_rule (abs:τ or top:q, forksight.base.fork_rule), mirror and
+mirror_tokens_every (forksight's keys, alerts and token views in the other trackers `trainer.logger` names:
+hooks/integrations/verl_mirror.py). With neither url nor db, open_sink's default applies ($FORKSIGHT_URL,
+else an embedded collector).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import numpy as np
 
 from forksight.base.fork_rule import ForkRule
 from forksight.hooks.integrations.verl_correction import correction_settings, corrected_tokens
+from forksight.hooks.integrations.verl_mirror import mirror_into, mirror_setting
 from forksight.hooks.integrations.verl_state import STATE, check_version, verl_version
 
 log = logging.getLogger("forksight.verl")
@@ -44,7 +47,7 @@ TRL_NAMES = {"actor/pg_loss": "loss", "actor/grad_norm": "grad_norm", "actor/kl_
 
 _DEFAULTS = {"url": None, "db": None, "run": None, "project": None, "stop_on_alert": False, "token_groups": 1,
              "correct_key": "acc", "correct_threshold": 1.0, "allow_unknown_version": False, "worker_stats": True,
-             "fork_rule": "abs:0.672"}
+             "fork_rule": "abs:0.672", "mirror": "auto", "mirror_tokens_every": 50}
 
 
 def _truthy(value: Any) -> bool:
@@ -72,6 +75,8 @@ def settings_from(config: Mapping | None) -> dict[str, Any]:
     out["token_groups"] = int(out["token_groups"])
     out["correct_threshold"] = float(out["correct_threshold"])
     out["fork_rule"] = str(ForkRule.parse(out["fork_rule"]))     # a bad rule: said before the run starts
+    out["mirror"] = mirror_setting(out["mirror"])                  # an unknown tracker: said before it starts
+    out["mirror_tokens_every"] = int(out["mirror_tokens_every"])
     return out
 
 
@@ -108,7 +113,8 @@ def _run_config(config: Mapping | None, version: str) -> dict[str, Any]:
 class ForksightLogger:
     """One verl Tracking backend: opens the sink, stores verl's metrics, reports each step."""
 
-    def __init__(self, project_name: str, experiment_name: str, config: Mapping | None = None):
+    def __init__(self, project_name: str, experiment_name: str, config: Mapping | None = None,
+                 backends: Mapping[str, Any] | None = None):
         from forksight.base.runspec import RunSpec
         from forksight.monitor.sinks.client import open_sink
 
@@ -132,6 +138,8 @@ class ForksightLogger:
                           config={**_run_config(config, version or "?"), "fork_rule": s["fork_rule"]},
                           stop_on_alert=s["stop_on_alert"])
         self.sink = open_sink(spec, url=s["url"], db=s["db"])
+        # the other backends of verl's Tracking (name -> backend): forksight's keys and alerts go there too
+        self.mirror = mirror_into(backends or {}, s["mirror"], self.sink, s["mirror_tokens_every"])
         self._reporter = None
         self._tokens: dict[str, Any] | None = None     # from _compute_old_log_prob, keyed by step
         self._batch: dict[str, Any] | None = None      # from compute_data_metrics
@@ -199,12 +207,13 @@ class ForksightLogger:
                 values[trl_name] = values[verl_name]
         if values:
             self.sink.log_scalars(step, values)
+        reported = None
         if self._batch is not None and self._batch["step"] == step:
             batch, self._batch = self._batch, None
             tokens = self._tokens if self._tokens is not None and self._tokens["step"] == step else None
             self._tokens = None
             try:
-                self.report(step, batch, tokens)
+                reported = self.report(step, batch, tokens)
                 self.steps_reported += 1
             except Exception as exc:  # noqa: BLE001
                 log.warning("forksight: step %d's per-token records skipped (%r)", step, exc)
@@ -212,7 +221,17 @@ class ForksightLogger:
             # alerts come back from the writer asynchronously: wait for this step's, so a critical
             # alert at step s always stops the run before step s+1 generates (ms per step)
             self.sink.await_alerts()
+        if self.mirror is not None:
+            last = self._reporter.last_tokens if self._reporter is not None else None
+            self.guard(self.mirror.step, step, reported, last)
         self.overhead_s += time.perf_counter() - t0
+
+    def flush_mirror(self) -> None:
+        """The alerts not yet in the other trackers, sent before verl's Tracking closes them."""
+        if self.mirror is not None:
+            if not self._finished:
+                self.sink.await_alerts()
+            self.guard(self.mirror.send_alerts, self.mirror.last_step)
 
     def should_stop(self) -> bool:
         return self.sink.should_stop

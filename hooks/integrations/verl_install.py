@@ -108,10 +108,12 @@ def patch_tracking(module) -> None:
         if "forksight" in names:
             from forksight.hooks.integrations.verl import ForksightLogger
 
-            self.logger["forksight"] = ForksightLogger(project_name, experiment_name, config)
+            self.logger["forksight"] = ForksightLogger(project_name, experiment_name, config, backends=self.logger)
 
     def finish_all(self, exit_code: int = 0):
         ours = None if getattr(self, "_finished", False) else getattr(self, "logger", {}).get("forksight")
+        if ours is not None:                  # forksight's last alerts into the other trackers, still open
+            ours.flush_mirror()
         finish(self, exit_code)
         if ours is not None:
             try:
