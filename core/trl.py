@@ -3,6 +3,6 @@
 The integration lives in `forksight.hooks.integrations.trl`; this module is its public name.
 """
 from forksight.hooks.integrations.trl import SUPPORT, ForksightCallback, trl_mode
-from forksight.hooks.integrations.trl_probe import attach   # the plain attach, plus probe_every=N
+from forksight.hooks.integrations.trl_reference import attach   # plus probe_every=N and reference_every=N
 
 __all__ = ["attach", "ForksightCallback", "SUPPORT", "trl_mode"]

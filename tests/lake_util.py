@@ -11,13 +11,15 @@ import pyarrow as pa
 # the columns that name one row of each table (what sorts both sides the same way)
 KEYS = {"scalars": ("run_id", "step", "key", "rank"), "tokens": ("run_id", "step", "sample_id", "pos"),
         "samples": ("run_id", "step", "sample_id"), "histograms": ("run_id", "step", "key", "bin_lo"),
-        "probes": ("run_id", "step", "sample_id", "pos"), "runs": ("run_id",),
+        "probes": ("run_id", "step", "sample_id", "pos"), "reference": ("run_id", "step", "sample_id", "pos"),
+        "runs": ("run_id",),
         "alerts": ("run_id", "step", "detector")}
-STEP_TABLES = ("scalars", "tokens", "samples", "histograms", "probes")
+STEP_TABLES = ("scalars", "tokens", "samples", "histograms", "probes", "reference")
 
 
 def batch(step: int, tokens: int = 40, tag: str = "b") -> dict:
-    """One step's batch: 2 scalars, `tokens` token rows (sampler_logp included), 2 samples, 3 bins, 2 probes."""
+    """One step's batch: 2 scalars, `tokens` token rows (sampler_logp included), 2 samples, 3 bins, 2 probes,
+    3 reference rows (a prompt token at pos -1, two completion tokens)."""
     ids = [i // 10 for i in range(tokens)]
     return {"batch_id": f"{tag}{step}",
             "scalars": [{"step": step, "key": "entropy/mean", "value": 1.0 + step / 7},
@@ -33,14 +35,18 @@ def batch(step: int, tokens: int = 40, tag: str = "b") -> dict:
             "histograms": [{"step": step, "key": "entropy", "counts": [1.0, 2.0, step], "edges": [0, 1, 2, 3]}],
             "probes": [{"step": step, "sample_id": 0, "pos": p, "token_id": p, "token": f"t{p}", "fork": p == 0,
                         "v_before": 0.5, "v_after": 0.25 * p, "delta": 0.25 * p - 0.5, "se": 0.1, "k": 16,
-                        "alternatives": '[{"token_id": 3, "token": "t3", "value": 1.0, "k": 16}]'} for p in (0, 1)]}
+                        "alternatives": '[{"token_id": 3, "token": "t3", "value": 1.0, "k": 16}]'} for p in (0, 1)],
+            "reference": [{"step": step, "sample_id": 0, "pos": p, "token_id": 5 + p, "token": f"r{p}",
+                           "entropy": None if p < 0 else 0.5 * p + step / 100, "renyi2": None if p < 0 else 0.2 * p,
+                           "logp": None if p < 0 else -0.1 * p, "fork": None if p < 0 else p == 1}
+                          for p in (-1, 0, 1)]}
 
 
 def rows_of(body: dict) -> dict[str, int]:
     """The rows one batch adds per table, counted from the body (not from the collector's answer)."""
     return {"scalars": len(body["scalars"]), "tokens": sum(len(b["sample_id"]) for b in body["tokens"]),
             "samples": len(body["samples"]), "histograms": sum(len(h["counts"]) for h in body["histograms"]),
-            "probes": len(body.get("probes", []))}
+            "probes": len(body.get("probes", [])), "reference": len(body.get("reference", []))}
 
 
 def post(url: str, run: str, body: dict) -> dict:

@@ -26,14 +26,14 @@ def test_help_lists_every_subcommand_and_each_comes_from_an_imported_module():
     out = subprocess.run([sys.executable, "-m", "forksight", "--help"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    for command in ("serve", "export", "compact", "lake", "train", "alerts", "probe", "demo", "doctor", "import",
-                    "report"):
+    for command in ("serve", "export", "compact", "lake", "train", "alerts", "probe", "rescore", "demo", "doctor",
+                    "import", "report"):
         assert command in out.stdout
     modules = {add_parser.__module__ for add_parser in SUBCOMMANDS}
     assert modules == {"forksight.compose.serve_cli", "forksight.compose.compact_cli", "forksight.trainer.cli",
                        "forksight.compose.lake_cli", "forksight.compose.probe_cli",
                        "forksight.compose.alerts_cli", "forksight.compose.demo", "forksight.compose.doctor",
-                       "forksight.compose.report_cli"}
+                       "forksight.compose.report_cli", "forksight.compose.rescore_cli"}
     assert build_parser().parse_args(["serve", "--port", "9"]).func.__module__ == "forksight.compose.serve_cli"
 
 

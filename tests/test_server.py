@@ -111,7 +111,7 @@ def test_json_token_blocks_and_idempotent_resend(http):
         resp = http.post(f"/api/runs/{run}/tokens", params={"batch_id": "t-1"}, content=_arrow(table),
                          headers={"Content-Type": ARROW_MEDIA_TYPE})
         assert resp.json()["stored"] is expect
-    assert _counts(http, run) == {"scalars": 1, "tokens": 5, "samples": 0, "histograms": 0, "probes": 0, "alerts": 0}
+    assert _counts(http, run) == {"scalars": 1, "tokens": 5, "samples": 0, "histograms": 0, "probes": 0, "reference": 0, "alerts": 0}
     tok = http.get(f"/api/runs/{run}/tokens", params={"step": 1, "sample_id": 0}).json()
     assert [t["token"] for t in tok] == HOSTILE[:3] and [t["entropy"] for t in tok] == [0.5, 0.25, 0.125]
 
@@ -151,7 +151,7 @@ def test_bad_json_batches_get_a_clear_4xx_and_store_nothing(http, body, status, 
     resp = http.post(f"/api/runs/{run}/ingest", content=body, headers={"Content-Type": "application/json"})
     assert resp.status_code == status, resp.text
     assert words in resp.json()["detail"]
-    assert _counts(http, run) == {"scalars": 0, "tokens": 0, "samples": 0, "histograms": 0, "probes": 0, "alerts": 0}
+    assert _counts(http, run) == {"scalars": 0, "tokens": 0, "samples": 0, "histograms": 0, "probes": 0, "reference": 0, "alerts": 0}
     assert http.get("/api/health").status_code == 200
 
 

@@ -72,7 +72,7 @@ def test_local_sink_round_trips_every_record_kind_exactly(tmp_path):
     sink.finish()
     with Store(tmp_path / "a.duckdb") as store:          # reopened: the file kept it all
         assert store.reader.row_counts("exact") == {"scalars": 2, "tokens": 21, "samples": 4,
-                                                    "histograms": 12, "probes": 0, "alerts": 0}
+                                                    "histograms": 12, "probes": 0, "reference": 0, "alerts": 0}
         assert store.reader.run("exact")["status"] == "finished"
 
 

@@ -148,6 +148,13 @@ class TrainConfig(BaseModel):
                               pattern=r"^(auto|forks|all|search|[1-9][0-9]*)$")
     probe_budget: float = _f(0.1, "monitoring", "Probing never takes more than this share of training "
                              "time: a probe past it is skipped (probe/skipped) and the log says so.", gt=0)
+    # -- the reference set (docs/algorithms.md §15) ------------------------------------------
+    reference_every: int | None = _f(None, "monitoring", "Re-score the reference set (completions of held-out "
+                                     "prompts kept at step 0), teacher-forced, every this many steps: ref/* and "
+                                     "the reference table (default: eval_every, else 25; 0 = off).", ge=0)
+    reference_size: int = _f(32, "monitoring", "Held-out prompts in the reference set (1 completion each).", ge=1)
+    reference_budget: float = _f(0.02, "monitoring", "Re-scoring never takes more than this share of training "
+                                 "time: a due step past it is skipped (ref/skipped).", gt=0)
 
     @field_validator("device")
     @classmethod

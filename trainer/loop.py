@@ -186,7 +186,8 @@ def save_checkpoint(ctx: Context, path: Path, step: int, run_id: str) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"model": ctx.model.state_dict(), "optimizer": ctx.optimizer.state_dict(),
                 "step": step, "run_id": run_id, "model_path": ctx.model_path,
-                "config": ctx.config.model_dump()}, tmp)
+                "config": ctx.config.model_dump(),
+                "reference": ctx.reference.state() if ctx.reference is not None else None}, tmp)
     tmp.replace(path)
 
 
@@ -211,10 +212,16 @@ def train(config: TrainConfig, sink: Sink | None = None) -> TrainResult:
 
     started = time.perf_counter()
     ctx, sink = setup(config, sink)
-    start = 0
+    start, reference_state = 0, None
     ckpt = checkpoint_path(config, ctx.run_name)
     if config.resume:
-        start = load_checkpoint(ctx, ckpt)["step"]
+        state = load_checkpoint(ctx, ckpt)
+        start, reference_state = state["step"], state.get("reference")
+    from forksight.trainer.reference import make_reference
+
+    ctx.reference = make_reference(ctx, sink, reference_state)      # a resumed run keeps its set
+    if ctx.reference is not None and ctx.reference.base is None:
+        ctx.reference.rescore(ctx.model, start)                     # the base: the policy as the run starts
     run_id = getattr(sink, "run_id", None) or ctx.run_name
     bar = tqdm(total=config.steps, initial=start, desc=run_id, unit="step",
                disable=not config.progress or ctx.rank != 0)
@@ -248,6 +255,8 @@ def train(config: TrainConfig, sink: Sink | None = None) -> TrainResult:
             if config.eval_every and step % config.eval_every == 0 and ctx.rank == 0:
                 last_eval = evaluate(ctx, step)
                 sink.log_scalars(step, last_eval)
+            if ctx.reference is not None and ctx.reference.due(step):
+                ctx.reference.rescore(ctx.model, step)
             if ctx.rank == 0 and config.save_every and step % config.save_every == 0:
                 save_checkpoint(ctx, ckpt, step, run_id)
             if _should_stop(sink, ctx.world):

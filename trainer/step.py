@@ -42,6 +42,7 @@ class Context:
     sampler: Any = None           # trainer.sampler.Sampler; None = the policy samples, no sampler log p
     capture_sampler_logp: bool = True  # False: the sampler's log p is neither computed nor shipped (benchmarks)
     prober: Any = None            # hooks.capture.step_probe.StepProber (--probe-every), or None
+    reference: Any = None         # hooks.capture.reference.ReferenceScorer (--reference-every), or None
 
 
 @dataclass

@@ -39,6 +39,9 @@ class Sink(Protocol):
     def log_probes(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         """Monte-Carlo value probes of tokens (sample_id, pos, v_before, v_after, delta, se, k, ...)."""
 
+    def log_reference(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        """The reference set re-scored at `step` (sample_id, pos, token_id, token, entropy, renyi2, logp, fork)."""
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything logged so far is stored; False on failure or timeout."""
 
@@ -107,6 +110,20 @@ class Reader(Protocol):
 
     def probe_page(self, run_id: str, step: int, sample_id: int | None, limit: int,
                    after: tuple[int, int, int, int] | None) -> "tuple[Any, int, str | None]": ...
+
+    def reference_steps(self, run_id: str) -> list[int]: ...
+
+    def read_reference(self, run_id: str, step: int, sample_id: int | None = None,
+                       limit: int = 1_000_000) -> "pd.DataFrame": ...
+
+    def reference_page(self, run_id: str, step: int, sample_id: int | None, limit: int,
+                       after: tuple[int, int, int, int] | None) -> "tuple[Any, int, str | None]": ...
+
+    def read_words(self, run_id: str, start: int | None = None, end: int | None = None, *, order: str = "count",
+                   min_count: int = 1, limit: int = 200) -> "pd.DataFrame": ...
+
+    def reference_words(self, run_id: str, step: int, *, order: str = "count", min_count: int = 1,
+                        limit: int = 200) -> "pd.DataFrame": ...
 
     def read_alerts(self, run_id: str | None = None, since_step: int | None = None) -> "pd.DataFrame": ...
 

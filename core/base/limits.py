@@ -15,6 +15,7 @@ MAX_READ_TOKEN_ROWS = 200_000          # token rows one dashboard read of a step
 MAX_SCALAR_ROWS = 100_000              # scalar rows in one batch
 MAX_SAMPLE_ROWS = 20_000               # sample rows in one batch
 MAX_HISTOGRAMS = 10_000                # histograms in one batch
+MAX_REFERENCE_ROWS = 100_000           # reference rows in one batch (a set of 32 x 3,000 tokens)
 MAX_BINS = 10_000                      # bins in one histogram
 MAX_KEY_CHARS = 200                    # scalar / histogram key
 MAX_TEXT_CHARS = 64 * 1024             # prompt, completion
@@ -73,7 +74,7 @@ def limits() -> dict[str, Any]:
         "max_body_bytes": MAX_BODY_BYTES, "max_decoded_bytes": MAX_DECODED_BYTES,
         "max_token_rows": MAX_TOKEN_ROWS, "max_token_blocks": MAX_TOKEN_BLOCKS,
         "max_scalar_rows": MAX_SCALAR_ROWS, "max_sample_rows": MAX_SAMPLE_ROWS,
-        "max_histograms": MAX_HISTOGRAMS, "max_bins": MAX_BINS, "max_key_chars": MAX_KEY_CHARS,
+        "max_histograms": MAX_HISTOGRAMS, "max_reference_rows": MAX_REFERENCE_ROWS, "max_bins": MAX_BINS, "max_key_chars": MAX_KEY_CHARS,
         "max_text_chars": MAX_TEXT_CHARS, "max_token_chars": MAX_TOKEN_CHARS,
         "max_config_chars": MAX_CONFIG_CHARS, "max_config_depth": MAX_CONFIG_DEPTH,
         "max_step": MAX_STEP, "max_rank": MAX_RANK,

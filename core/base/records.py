@@ -13,7 +13,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from forksight.base.limits import MAX_TOKEN_ROWS
-from forksight.base.tables import ALERTS, DATA_TABLES, HISTOGRAMS, PROBES, SAMPLES, SCALARS, TOKEN_COLUMNS, TOKENS
+from forksight.base.tables import (
+    ALERTS, DATA_TABLES, HISTOGRAMS, PROBES, REFERENCE, SAMPLES, SCALARS, TOKEN_COLUMNS, TOKENS, Table,
+)
 
 # Arrow schemas of what the writer inserts (run_id is added by the INSERT itself, except alerts)
 SCALARS_SCHEMA = SCALARS.arrow_schema()
@@ -21,6 +23,7 @@ TOKENS_SCHEMA = TOKENS.arrow_schema()
 SAMPLES_SCHEMA = SAMPLES.arrow_schema()
 HISTOGRAMS_SCHEMA = HISTOGRAMS.arrow_schema()
 PROBES_SCHEMA = PROBES.arrow_schema()
+REFERENCE_SCHEMA = REFERENCE.arrow_schema()
 ALERTS_SCHEMA = ALERTS.arrow_schema(run_id=True)
 
 
@@ -38,6 +41,7 @@ class Records:
     samples: pa.Table | None = None
     histograms: pa.Table | None = None
     probes: pa.Table | None = None
+    reference: pa.Table | None = None
     digest: str | None = None         # hash of the request that carried them: a reused batch id must match
 
     def tables(self) -> Iterable[tuple[str, pa.Table]]:
@@ -110,12 +114,22 @@ def samples_table(rows: Sequence[Mapping[str, Any]], rank: int = 0) -> pa.Table:
 
 def probes_table(rows: Sequence[Mapping[str, Any]], rank: int = 0) -> pa.Table:
     """Rows of probe dicts (step, sample_id, pos, v_before, v_after, delta, se, k, ...) -> Arrow."""
-    table = _rows_table(rows, PROBES_SCHEMA, rank, "probes")
-    for name in ("step", "sample_id", "pos"):
-        if table[name].null_count:
-            raise RecordError(f"probes.{name}: null values; every row needs {name}")
-    _check_text(table, PROBES, "probes")
-    _check_finite(table, "probes")
+    return _keyed_table(PROBES, PROBES_SCHEMA, rows, rank)
+
+
+def reference_table(rows: Sequence[Mapping[str, Any]], rank: int = 0) -> pa.Table:
+    """Rows of re-scored reference tokens (step, sample_id, pos, token_id, token, entropy, ...) -> Arrow."""
+    return _keyed_table(REFERENCE, REFERENCE_SCHEMA, rows, rank)
+
+
+def _keyed_table(spec: Table, schema: pa.Schema, rows: Sequence[Mapping[str, Any]], rank: int) -> pa.Table:
+    """Rows of one per-token table keyed by (step, sample_id, pos): every row names all three."""
+    table = _rows_table(rows, schema, rank, spec.name)
+    for column in spec.columns:
+        if column.required and column.wire and table[column.name].null_count:
+            raise RecordError(f"{spec.name}.{column.name}: null values; every row needs {column.name}")
+    _check_text(table, spec, spec.name)
+    _check_finite(table, spec.name)
     return table
 
 

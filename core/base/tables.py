@@ -190,6 +190,22 @@ PROBES = Table("probes", (
            "V(x, y<t + a) of the top alternative tokens a at a fork", max_chars=16 * 1024),
 ))
 
+# a fixed reference set re-scored, teacher-forced, by the policy of each step (hooks/capture/reference.py):
+# the same text at every step, so a change is the policy's, not a change of what was sampled. The set's
+# first step (the base) also holds its prompts' tokens, at negative positions (-len .. -1)
+REFERENCE = Table("reference", (
+    _run_id(), _step(), _rank(),
+    Column("sample_id", pa.int64(), "reference completion id (0 .. set size - 1)", required=True, ge=0),
+    Column("pos", pa.int32(), "position in the completion; negative: the prompt's tokens (the base step "
+           "only)", required=True),
+    Column("token_id", pa.int32(), "vocabulary id", required=True, ge=0),
+    Column("token", pa.string(), "decoded token text", max_chars=MAX_TOKEN_CHARS),
+    Column("entropy", pa.float32(), "Shannon entropy H of the policy at this step, at the position (nats)"),
+    Column("renyi2", pa.float32(), "Rényi-2 entropy (nats)"),
+    Column("logp", pa.float32(), "log p of the reference token under the policy at this step"),
+    Column("fork", pa.bool_(), "H >= the run's fork threshold at this step (its fork rule over the set)"),
+))
+
 HISTOGRAMS = Table("histograms", (
     _run_id(), _step(), _rank(),
     Column("key", pa.string(), "histogram name, e.g. entropy", required=True, min_chars=1,
@@ -243,6 +259,17 @@ TOKEN_STEPS = Table("token_steps", (_run_id(), _step()), primary_key=("run_id", 
 # this instead of a DISTINCT over every scalar row of the run
 SCALAR_KEYS = Table("scalar_keys", (_run_id(), Column("key", pa.string(), "scalar name", wire=False)),
                     primary_key=("run_id", "key"))
+# tokens by what they are (monitor/collector/words.py): per run, step and decoded token string, kept by the
+# writer from the stored token rows of each batch — only the batch's top strings by count and by forks,
+# so the table stays bounded whatever the run's length
+WORDS = Table("words", (
+    _run_id(), _step(),
+    Column("token", pa.string(), "decoded token text ('#<id>' where none was stored)", wire=False),
+    Column("count", pa.int64(), "stored occurrences at the step", wire=False),
+    Column("forks", pa.int64(), "of those, forks (the stored fork flag)", wire=False),
+    Column("h_count", pa.int64(), "of those, with an entropy", wire=False),
+    Column("entropy_sum", pa.float64(), "sum of their entropies (nats)", wire=False),
+), primary_key=("run_id", "step", "token"))
 
 
 def _sum(name: str, help: str, arrow: pa.DataType = pa.float64()) -> Column:
@@ -275,9 +302,9 @@ HISTOGRAM_ROLLUPS = Table("histogram_rollups", (
     _sum("count", "values in the bin over the bucket"),
 ), primary_key=("run_id", "key", "width", "bucket", "bin_lo", "bin_hi"))
 
-DATA_TABLES = ("scalars", "tokens", "samples", "histograms", "probes")   # what a batch carries
-TABLES = {t.name: t for t in (RUNS, SCALARS, TOKENS, SAMPLES, HISTOGRAMS, PROBES, ALERTS, BATCHES, TOKEN_STEPS,
-                              SCALAR_KEYS, SCALAR_ROLLUPS, HISTOGRAM_ROLLUPS)}
+DATA_TABLES = ("scalars", "tokens", "samples", "histograms", "probes", "reference")   # what a batch carries
+TABLES = {t.name: t for t in (RUNS, SCALARS, TOKENS, SAMPLES, HISTOGRAMS, PROBES, REFERENCE, ALERTS, BATCHES, TOKEN_STEPS,
+                              SCALAR_KEYS, WORDS, SCALAR_ROLLUPS, HISTOGRAM_ROLLUPS)}
 
 # the per-token columns producers send (Arrow IPC bodies and JSON token blocks)
 TOKEN_COLUMNS = {c.name: c for c in TOKENS.wire_columns()}
@@ -285,6 +312,8 @@ TOKEN_COLUMNS = {c.name: c for c in TOKENS.wire_columns()}
 SAMPLE_FIELDS = tuple(c.name for c in SAMPLES.wire_columns() if c.name != "step")
 # the fields of a probe row a sink keeps (step comes from the call)
 PROBE_FIELDS = tuple(c.name for c in PROBES.wire_columns() if c.name != "step")
+# JSON tables of a batch whose rows a sink keeps as given (step comes from the call)
+KEYED_TABLES = {"probes": PROBES, "reference": REFERENCE}
 
 
 # files written before runs.last_step was kept at ingest: computed once from their scalars

@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from forksight.compose import alerts_cli, compact_cli, doctor, lake_cli, probe_cli, report_cli, serve_cli
+from forksight.compose import (
+    alerts_cli, compact_cli, doctor, lake_cli, probe_cli, report_cli, rescore_cli, serve_cli,
+)
 from forksight.trainer import cli as train_cli
 from forksight.compose import demo
 
@@ -19,6 +21,7 @@ SUBCOMMANDS = (
     train_cli.add_parser,     # train
     alerts_cli.add_parser,    # alerts replay
     probe_cli.add_parser,     # probe
+    rescore_cli.add_parser,   # rescore
     doctor.add_parser,        # doctor, import
     report_cli.add_parser,    # report
     demo.add_parser,          # demo

@@ -138,6 +138,12 @@ class HttpReader:
     def read_probes(self, run_id: str, step: int, sample_id: int | None = None, **_) -> pd.DataFrame:
         return self._pages(f"/api/runs/{run_id}/probes", step=int(step), sample_id=sample_id)
 
+    def reference_steps(self, run_id: str) -> list[int]:
+        return self._get(f"/api/runs/{run_id}/reference_steps").json()
+
+    def read_reference(self, run_id: str, step: int, sample_id: int | None = None, **_) -> pd.DataFrame:
+        return self._pages(f"/api/runs/{run_id}/reference", step=int(step), sample_id=sample_id)
+
 
 def _detail(resp) -> str | None:
     try:

@@ -10,13 +10,13 @@ from collections import Counter
 from typing import Any, Mapping, Sequence
 
 from forksight.base.records import (
-    Records, histograms_table, probes_table, samples_table, scalars_table, tokens_table,
+    Records, histograms_table, probes_table, reference_table, samples_table, scalars_table, tokens_table,
 )
 from forksight.base.runspec import RunSpec
 from forksight.monitor.collector.ingest import Ingest
 from forksight.monitor.collector.store import Store
 from forksight.monitor.sinks.base import (
-    SinkBase, finite_scalars, histogram_item, probe_rows, sample_rows, track, untrack,
+    SinkBase, finite_scalars, histogram_item, keyed_rows, probe_rows, sample_rows, track, untrack,
 )
 
 log = logging.getLogger("forksight.client")
@@ -90,6 +90,10 @@ class LocalSink(SinkBase):
     def log_probes(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         if rows:
             self._submit(probes=probes_table(probe_rows(step, rows, self._warned), self.rank))
+
+    def log_reference(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        if rows:
+            self._submit(reference=reference_table(keyed_rows("reference", step, rows, self._warned), self.rank))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything logged so far is stored (and its alerts received); False when a

@@ -95,7 +95,7 @@ def load_reward(spec: str) -> Callable[[str, str], Any]:
     return fn
 
 
-def _prompt_ids(tokenizer, text: str, chat: bool) -> list[int]:
+def prompt_ids(tokenizer, text: str, chat: bool) -> list[int]:
     if not chat:
         return tokenizer(text).input_ids
     messages = []
@@ -108,15 +108,15 @@ def _prompt_ids(tokenizer, text: str, chat: bool) -> list[int]:
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
 
 
-def _check_tokens(tokenizer, rows: list[dict]) -> None:
-    """The stored token texts must be what this tokenizer makes of the stored ids."""
+def check_tokens(tokenizer, rows: list[dict], what: str = "--model") -> None:
+    """The stored token texts must be what this tokenizer makes of the stored ids (`what`: whose tokenizer)."""
     pairs = [(r["token_id"], r["token"]) for r in rows if r.get("token") is not None][:200]
     wrong = [(i, t) for i, t in pairs if tokenizer.decode([i]) != t]
     if pairs and len(wrong) > len(pairs) // 5:
         i, t = wrong[0]
-        raise ProbeInputError(f"--model's tokenizer does not match the run's: it decodes stored token id {i} as "
+        raise ProbeInputError(f"{what}'s tokenizer does not match the run's: it decodes stored token id {i} as "
                               f"{tokenizer.decode([i])!r}, the run stored {t!r} ({len(wrong)} of {len(pairs)} "
-                              "checked differ); probe with the run's model or one with its tokenizer")
+                              "checked differ); use the run's model or one with its tokenizer")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -204,7 +204,7 @@ def _run(args: argparse.Namespace, source) -> int:
         model, tokenizer = load(args.model)
         model.to(args.device)
         rows_of = {s: sorted(tokens[s], key=lambda r: r["pos"]) for s in picked}
-        _check_tokens(tokenizer, [r for s in picked for r in rows_of[s]])
+        check_tokens(tokenizer, [r for s in picked for r in rows_of[s]])
         inputs, signals, prompts = [], [], []
         for s in picked:
             rows = rows_of[s]
@@ -212,7 +212,7 @@ def _run(args: argparse.Namespace, source) -> int:
                 raise ProbeInputError(f"sample {s} of step {args.step} has token rows without token_id")
             entropy = [r.get("entropy") for r in rows]
             fork = [r.get("fork") for r in rows]
-            inputs.append(ProbeInput(s, _prompt_ids(tokenizer, samples[s]["prompt"] or "", args.chat),
+            inputs.append(ProbeInput(s, prompt_ids(tokenizer, samples[s]["prompt"] or "", args.chat),
                                      [int(r["token_id"]) for r in rows],
                                      entropy=None if any(h is None for h in entropy) else entropy,
                                      fork=None if any(f is None for f in fork) else fork))

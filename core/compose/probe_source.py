@@ -1,5 +1,6 @@
-"""Where `forksight probe` reads a stored step and writes its probes: a DuckDB file (`--db`, opened
-as the one writer) or a collector (`--url`: the read routes, then one idempotent ingest batch)."""
+"""Where `forksight probe` and `forksight rescore` read a stored run and write their rows (probes, the
+reference set): a DuckDB file (`--db`, opened as the one writer) or a collector (`--url`: the read
+routes, then one idempotent ingest batch per write)."""
 from __future__ import annotations
 
 import os
@@ -61,16 +62,25 @@ class DbSource:
     def probe_rows(self, run: str) -> list[dict]:
         return [{**r, "step": s} for s in self.reader.probe_steps(run) for r in _records(self.reader.read_probes(run, s))]
 
+    def reference_steps(self, run: str) -> list[int]:
+        return self.reader.reference_steps(run)
+
+    def reference(self, run: str, step: int) -> list[dict]:
+        return _records(self.reader.read_reference(run, step))
+
     def set_config(self, run: str, config: dict) -> None:
         self.store.update_run(run, config=config)
 
-    def write(self, run: str, step: int, rows: list[dict], scalars: dict[str, float]) -> None:
-        from forksight.base.records import Records, probes_table, scalars_table
-        from forksight.monitor.sinks.base import finite_scalars, probe_rows
+    def write(self, run: str, step: int, rows: list[dict], scalars: dict[str, float], table: str = "probes") -> None:
+        """`rows` of a keyed table (probes, reference) and `scalars` at `step`, in one write."""
+        from forksight.base.records import Records, probes_table, reference_table, scalars_table
+        from forksight.monitor.sinks.base import finite_scalars, keyed_rows
 
         warned: set = set()
-        self.store.write(run, Records(probes=probes_table(probe_rows(step, rows, warned)),
-                                      scalars=scalars_table(finite_scalars(step, scalars, None, warned)))).result()
+        make = {"probes": probes_table, "reference": reference_table}[table]
+        records = Records(scalars=scalars_table(finite_scalars(step, scalars, None, warned)),
+                          **{table: make(keyed_rows(table, step, rows, warned))})
+        self.store.write(run, records).result()
 
 
 class UrlSource:
@@ -111,45 +121,46 @@ class UrlSource:
     def samples(self, run: str, step: int) -> list[dict]:
         return self._get(f"/api/runs/{run}/samples", step=step, limit=100_000).json()
 
-    def tokens(self, run: str, step: int) -> list[dict]:
+    def _pages(self, path: str, **params) -> list[dict]:
+        """Every row of a paged route (tokens, probes, reference), following X-Next-Cursor."""
         rows, cursor = [], None
         while True:
-            resp = self._get(f"/api/runs/{run}/tokens", step=step, limit=100_000,
-                             **({"cursor": cursor} if cursor else {}))
+            resp = self._get(path, limit=100_000, **params, **({"cursor": cursor} if cursor else {}))
             rows += resp.json()
-            cursor = resp.headers.get("X-Next-Cursor")
-            if cursor is None:
+            if (cursor := resp.headers.get("X-Next-Cursor")) is None:
                 return rows
+
+    def tokens(self, run: str, step: int) -> list[dict]:
+        return self._pages(f"/api/runs/{run}/tokens", step=step)
 
     def token_steps_hint(self, run: str) -> str:
         return _hint(self._get(f"/api/runs/{run}/token_steps").json())
 
     def probe_rows(self, run: str) -> list[dict]:
-        rows = []
-        for step in self._get(f"/api/runs/{run}/probe_steps").json():
-            cursor = None
-            while True:
-                resp = self._get(f"/api/runs/{run}/probes", step=step, limit=100_000,
-                                 **({"cursor": cursor} if cursor else {}))
-                rows += [{**r, "step": step} for r in resp.json()]
-                if (cursor := resp.headers.get("X-Next-Cursor")) is None:
-                    break
-        return rows
+        return [{**r, "step": step} for step in self._get(f"/api/runs/{run}/probe_steps").json()
+                for r in self._pages(f"/api/runs/{run}/probes", step=step)]
+
+    def reference_steps(self, run: str) -> list[int]:
+        return self._get(f"/api/runs/{run}/reference_steps").json()
+
+    def reference(self, run: str, step: int) -> list[dict]:
+        return self._pages(f"/api/runs/{run}/reference", step=step)
 
     def set_config(self, run: str, config: dict) -> None:
         resp = self.http.patch(f"/api/runs/{run}", json={"config": config})
         if resp.status_code >= 300:
             raise RuntimeError(f"the collector refused the run's new config ({resp.status_code}): {resp.text[:300]}")
 
-    def write(self, run: str, step: int, rows: list[dict], scalars: dict[str, float]) -> None:
-        from forksight.monitor.sinks.base import finite_scalars, probe_rows
+    def write(self, run: str, step: int, rows: list[dict], scalars: dict[str, float], table: str = "probes") -> None:
+        """`rows` of a keyed table (probes, reference) and `scalars` at `step`, in one ingest batch."""
+        from forksight.monitor.sinks.base import finite_scalars, keyed_rows
 
         warned: set = set()
-        body = {"batch_id": uuid.uuid4().hex, "probes": probe_rows(step, rows, warned),
+        body = {"batch_id": uuid.uuid4().hex, table: keyed_rows(table, step, rows, warned),
                 "scalars": finite_scalars(step, scalars, None, warned)}
         resp = self.http.post(f"/api/runs/{run}/ingest", json=body)
         if resp.status_code >= 300:
-            raise RuntimeError(f"the collector refused the probes ({resp.status_code}): {resp.text[:500]}")
+            raise RuntimeError(f"the collector refused the {table} rows ({resp.status_code}): {resp.text[:500]}")
 
 
 def add_run_source(parser) -> None:

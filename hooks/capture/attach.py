@@ -79,6 +79,8 @@ class AttachHandle:
                                   env_mask_fn=integration.env_mask, selection_fn=integration.selection,
                                   sampler_logp_fn=integration.sampler_logp, corrected_fn=integration.corrected)
         self._sampler: dict[int, tuple[Tensor, Tensor | None]] = {}  # sample index -> (log p, corrected)
+        self.fork_rule, self.temperature, self.tokenizer = fork_rule, temperature, tokenizer
+        self.reference = None         # hooks.capture.reference.ReferenceScorer, once set_reference is called
 
     @property
     def enabled(self) -> bool:
@@ -170,6 +172,37 @@ class AttachHandle:
             return None
         return self.buffer.report(self.reporter, step, records, group_size=self.group_size, extra=extra,
                                   advantages=advantages, per_forward_means=self.integration.per_forward_means)
+
+    # ------------------------------------------------------------------ the reference set
+    def set_reference(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> None:
+        """Keep a fixed reference set, as token ids (one completion per prompt, e.g. your base policy's
+        answers to held-out prompts), for `rescore` to re-score through training. Set it once: a
+        reference set is never replaced silently."""
+        from forksight.hooks.capture.reference import ReferenceScorer
+        from forksight.hooks.metrics.reference import ReferenceSet
+
+        if self.reference is not None:
+            raise ValueError("this run already has a reference set: it is kept for the whole run (a new set "
+                             "would make its ref/* figures incomparable); start a new run for another")
+        ref = ReferenceSet([[int(t) for t in p] for p in prompts], [[int(t) for t in c] for c in completions])
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        self.reference = ReferenceScorer(self.sink, ref, fork_rule=self.fork_rule, temperature=self.temperature,
+                                         decode=(lambda t: self.tokenizer.decode([t])) if self.tokenizer else None,
+                                         budget=None, pad_id=pad if pad is not None else 0)
+
+    def rescore(self, model: torch.nn.Module | None = None, step: int | None = None) -> dict[str, float]:
+        """Re-score the reference set, teacher-forced, with `model` (default: the attached one) as the policy
+        of `step` (default: the step being accumulated): its rows and the ref/* scalars, returned. The first
+        call is the base the others are compared with: call it before training."""
+        if self.reference is None:
+            raise ValueError("no reference set: call handle.set_reference(prompt_ids, completion_ids) first")
+        was = self.capture.enabled
+        self.capture.enabled = False           # the scoring forward is not a training forward
+        try:
+            return self.reference.rescore(model if model is not None else self.model,
+                                          self.step if step is None else int(step))
+        finally:
+            self.capture.enabled = was
 
     # ------------------------------------------------------------------ lifetime
     def detach(self, finish: bool | None = None) -> None:

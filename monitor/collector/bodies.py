@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 
 from forksight.base.errors import ApiError, validation_message
 from forksight.base.records import (
-    RecordError, Records, histograms_table, probes_table, samples_table, scalars_table, tokens_table,
+    RecordError, Records, histograms_table, probes_table, reference_table, samples_table, scalars_table, tokens_table,
 )
 from forksight.monitor.collector.schema import Batch
 
@@ -27,6 +27,7 @@ def batch_records(batch: Batch) -> Records:
         histograms=histograms_table([r.model_dump() for r in batch.histograms], rank) if batch.histograms else None,
         tokens=tokens,
         probes=probes_table([r.model_dump() for r in batch.probes], rank) if batch.probes else None,
+        reference=reference_table([r.model_dump() for r in batch.reference], rank) if batch.reference else None,
     )
 
 

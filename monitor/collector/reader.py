@@ -15,6 +15,8 @@ from forksight.base.downsample import keep_sql, max_points_of
 from forksight.base.limits import MAX_READ_TOKEN_ROWS, config_problem
 from forksight.base.tables import ALERTS, DATA_TABLES, SAMPLES, TOKENS
 from forksight.monitor.collector.probe_reads import ProbeReads
+from forksight.monitor.collector.reference_reads import ReferenceReads
+from forksight.monitor.collector.words import WordReads
 from forksight.monitor.collector.runs_page import RunsPageReads
 from forksight.monitor.collector.step_reads import TokenStepReads
 from forksight.monitor.collector.rollups import (
@@ -46,7 +48,7 @@ def histogram_quantile(lo: np.ndarray, hi: np.ndarray, counts: np.ndarray, q: fl
     return float(lo[i] + frac * (hi[i] - lo[i]))
 
 
-class Reader(RunsPageReads, TokenStepReads, ProbeReads):
+class Reader(RunsPageReads, TokenStepReads, ProbeReads, ReferenceReads, WordReads):
     """The one read interface (TensorBoard's DataProvider is the model). Thread-safe."""
 
     def __init__(self, conn, stale_after: float = STALE_AFTER_S, *, private: bool = False,

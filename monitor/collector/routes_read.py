@@ -19,6 +19,9 @@ from forksight.monitor.collector.token_pages import (
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 OptionalInt64 = Annotated[int | None, Query(ge=INT64_MIN, le=INT64_MAX)]
 Downsample = Annotated[int, Query(ge=1, le=100_000, description="at most this many points per series")]
+Step = Annotated[int, Query(ge=INT64_MIN, le=INT64_MAX)]
+PageLimit = Annotated[int, Query(ge=1, le=TOKEN_PAGE_MAX, description="rows per page")]
+Cursor = Annotated[str | None, Query(max_length=100, description="the X-Next-Cursor of the previous page")]
 
 
 def paged_headers(total_means: str) -> dict:
@@ -91,11 +94,8 @@ def read_routes(reader: Reader, has_run: Callable[[str], bool]) -> APIRouter:
         return reader.token_steps(run_id)
 
     @router.get("/api/runs/{run_id}/tokens", responses=paged_headers("rows of the step (and sample) in all"))
-    def tokens(run_id: Run, step: Annotated[int, Query(ge=INT64_MIN, le=INT64_MAX)],
-               sample_id: OptionalInt64 = None,
-               limit: int = Query(TOKEN_PAGE_DEFAULT, ge=1, le=TOKEN_PAGE_MAX, description="rows per page"),
-               cursor: str | None = Query(None, max_length=100,
-                                          description="the X-Next-Cursor of the previous page")) -> Response:
+    def tokens(run_id: Run, step: Step, sample_id: OptionalInt64 = None, limit: PageLimit = TOKEN_PAGE_DEFAULT,
+               cursor: Cursor = None) -> Response:
         """One page of a step's token rows, ordered by rank, sample, position: at most `limit`
         rows; X-Total-Count says how many there are, X-Next-Cursor names the next page."""
         return page_response(*read_token_page(reader, run_id, step, sample_id, limit, parse_cursor(cursor)))
@@ -106,15 +106,41 @@ def read_routes(reader: Reader, has_run: Callable[[str], bool]) -> APIRouter:
         return reader.probe_steps(run_id)
 
     @router.get("/api/runs/{run_id}/probes", responses=paged_headers("probe rows of the step (and sample) in all"))
-    def probes(run_id: Run, step: Annotated[int, Query(ge=INT64_MIN, le=INT64_MAX)],
-               sample_id: OptionalInt64 = None,
-               limit: int = Query(TOKEN_PAGE_DEFAULT, ge=1, le=TOKEN_PAGE_MAX, description="rows per page"),
-               cursor: str | None = Query(None, max_length=100,
-                                          description="the X-Next-Cursor of the previous page")) -> Response:
+    def probes(run_id: Run, step: Step, sample_id: OptionalInt64 = None, limit: PageLimit = TOKEN_PAGE_DEFAULT,
+               cursor: Cursor = None) -> Response:
         """One page of a step's value probes (sample_id, pos, token_id, token, fork, entropy, v_before,
         v_after, delta, se, se_before, se_after, k, pivotal, alternatives as JSON text), ordered and
         paged as /tokens is: X-Total-Count says how many, X-Next-Cursor names the next page."""
         return page_response(*reader.probe_page(run_id, step, sample_id, limit, parse_cursor(cursor)))
+
+    @router.get("/api/runs/{run_id}/reference_steps")
+    def reference_steps(run_id: Run) -> list[int]:
+        """Steps at which the run's reference set was re-scored, ascending; the first is the base."""
+        return reader.reference_steps(run_id)
+
+    @router.get("/api/runs/{run_id}/reference", responses=paged_headers("reference rows of the step (and sample) in all"))
+    def reference(run_id: Run, step: Step, sample_id: OptionalInt64 = None, limit: PageLimit = TOKEN_PAGE_DEFAULT,
+                  cursor: Cursor = None) -> Response:
+        """One page of the reference set as the policy of `step` scores it, teacher-forced (sample_id, pos,
+        token_id, token, entropy, renyi2, logp, fork; the base step's prompt tokens at negative pos),
+        ordered and paged as /tokens is: X-Total-Count says how many, X-Next-Cursor names the next page."""
+        return page_response(*reader.reference_page(run_id, step, sample_id, limit, parse_cursor(cursor)))
+
+    @router.get("/api/runs/{run_id}/words")
+    def words(run_id: Run, start: OptionalInt64 = None, end: OptionalInt64 = None,
+              reference_step: OptionalInt64 = None,
+              order: str = Query("count", pattern="^(count|fork_share|entropy|token)$",
+                                 description="count, fork_share, entropy (mean H) or token"),
+              min_count: int = Query(1, ge=1, le=INT64_MAX, description="only strings seen at least this often"),
+              limit: int = Query(200, ge=1, le=10_000)) -> Response:
+        """Tokens by what they are: per decoded token string, over the stored token rows of steps
+        start..end (inclusive; the writer keeps each step's top strings by count and by forks), its
+        count, forks, fork_share and entropy_mean; with reference_step, over the reference set as the
+        policy of that step scores it (the same text at every step)."""
+        if reference_step is not None:
+            return frame_response(reader.reference_words(run_id, reference_step, order=order, min_count=min_count,
+                                                         limit=limit))
+        return frame_response(reader.read_words(run_id, start, end, order=order, min_count=min_count, limit=limit))
 
     @router.get("/api/runs/{run_id}/samples")
     def samples(run_id: Run, step: OptionalInt64 = None, group_id: OptionalInt64 = None,

@@ -8,11 +8,11 @@ from typing import Annotated, Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from forksight.base.limits import (
-    BATCH_ID_PATTERN, MAX_BINS, MAX_HISTOGRAMS, MAX_RANK, MAX_SAMPLE_ROWS,
+    BATCH_ID_PATTERN, MAX_BINS, MAX_HISTOGRAMS, MAX_RANK, MAX_REFERENCE_ROWS, MAX_SAMPLE_ROWS,
     MAX_SCALAR_ROWS, MAX_SHORT_CHARS, MAX_TOKEN_BLOCKS, MAX_TOKEN_ROWS, RUN_ID_PATTERN,
 )
 from forksight.base.runspec import RunConfig
-from forksight.base.tables import HISTOGRAMS, PROBES, SAMPLES, SCALARS, TOKEN_COLUMNS, Table
+from forksight.base.tables import HISTOGRAMS, PROBES, REFERENCE, SAMPLES, SCALARS, TOKEN_COLUMNS, Table
 
 Rank = Annotated[int, Field(ge=0, le=MAX_RANK)]
 Short = Annotated[str, Field(max_length=MAX_SHORT_CHARS)]
@@ -62,6 +62,7 @@ class RunUpdate(_RunMeta):
 ScalarRow = _row_model("ScalarRow", SCALARS, "One per-step number.")
 SampleRow = _row_model("SampleRow", SAMPLES, "One trajectory with its verification result.")
 ProbeRow = _row_model("ProbeRow", PROBES, "One probed token: Monte-Carlo values before and after it.")
+ReferenceRow = _row_model("ReferenceRow", REFERENCE, "One token of the reference set, re-scored at a step.")
 
 
 class _HistogramBase(_Strict):
@@ -125,6 +126,7 @@ class Batch(_Strict):
     histograms: list[HistogramRow] = Field(default_factory=list, max_length=MAX_HISTOGRAMS)
     tokens: list[TokenBlock] = Field(default_factory=list, max_length=MAX_TOKEN_BLOCKS)
     probes: list[ProbeRow] = Field(default_factory=list, max_length=MAX_SAMPLE_ROWS)
+    reference: list[ReferenceRow] = Field(default_factory=list, max_length=MAX_REFERENCE_ROWS)
 
     @model_validator(mode="after")
     def _token_rows(self) -> "Batch":

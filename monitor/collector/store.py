@@ -20,6 +20,7 @@ from forksight.monitor.collector.dbfile import connect, duckdb_config
 from forksight.monitor.collector.faults import Fault
 from forksight.monitor.collector.ledger import Ledger
 from forksight.monitor.collector.inserts import add_scalar_keys, add_token_steps, insert_arrow
+from forksight.monitor.collector.words import WORDS_PER_STEP, add_words
 from forksight.monitor.collector.store_health import StoreHealth
 from forksight.monitor.collector.reader import STALE_AFTER_S, Reader
 from forksight.monitor.collector.rollups import roll_up
@@ -84,10 +85,14 @@ class Store(StoreHealth):
     """Owns one DuckDB file: schema, the single writer thread, and `reader`."""
 
     def __init__(self, path: str, *, stale_after: float = STALE_AFTER_S, verify: bool = True,
-                 memory_limit: str | None = None, threads: int | None = None):
+                 memory_limit: str | None = None, threads: int | None = None, words_per_step: int = WORDS_PER_STEP):
         """verify: read every block once on open (about 25 ms per million token rows).
         memory_limit ('2GB', '512MiB') and threads cap DuckDB in this process (its defaults:
-        80% of RAM, every core), e.g. a collector sharing a node with a training job."""
+        80% of RAM, every core), e.g. a collector sharing a node with a training job.
+        words_per_step: token strings kept per step in the words aggregate (by count and by forks)."""
+        if words_per_step < 1:
+            raise ValueError(f"words_per_step must be >= 1, got {words_per_step}")
+        self.words_per_step = words_per_step
         self.path = str(path)
         self._config = duckdb_config(memory_limit, threads)
         self._conn = connect(self.path, verify, self._config)
@@ -303,8 +308,9 @@ class Store(StoreHealth):
                             insert_arrow(cur, name, data, run_id, constants)
                             if entry is not None:
                                 outbox.append(entry)
-                        if name == "tokens":     # the step list the tokens page reads
+                        if name == "tokens":     # the step list the tokens page reads, the words by step
                             add_token_steps(cur, run_id, pa.concat_arrays([pc.unique(t["step"]) for t in parts]))
+                            add_words(cur, run_id, data, self.words_per_step)
                         if name == "scalars":    # the run's step span, kept on its row for the runs list
                             top = max(pc.max(t["step"]).as_py() for t in parts)
                             low = min(pc.min(t["step"]).as_py() for t in parts)

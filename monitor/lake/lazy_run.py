@@ -14,16 +14,18 @@ NEEDS: dict[str, tuple[str, ...]] = {
     **{m: _SPAN for m in ("list_runs", "run_progress", "runs_page", "scalar_keys")},
     **{m: () for m in ("has_run", "read_alerts", "read_alerts_page", "alert_detectors")},
     **{m: ("probes",) for m in ("probe_steps", "read_probes", "probe_page")},
+    **{m: ("reference",) for m in ("reference_steps", "read_reference", "reference_page", "reference_words")},
+    "read_words": (),               # the writer's aggregate: a run only the lake holds has none
     **{m: _TOKENS for m in ("token_steps", "token_step_span", "first_token_steps",
                             "nearest_token_steps", "spread_token_steps", "read_tokens")},
     "read_token_history": ("tokens", "samples"),
     "read_samples": ("samples",),
-    "row_counts": ("scalars", "histograms", "samples", "tokens", "probes"),      # counts every data table
+    "row_counts": ("scalars", "histograms", "samples", "tokens", "probes", "reference"),   # every data table
     # percentiles of multi-rank steps are re-merged from the histograms
     **{m: ("scalars", "histograms") for m in ("read_scalars", "read_scalars_of_runs", "steps_scalars",
                                               "read_histograms", "read_histogram_ends")},
 }
-_ALL = ("scalars", "histograms", "samples", "tokens", "probes")
+_ALL = ("scalars", "histograms", "samples", "tokens", "probes", "reference")
 
 
 class LazyRunReader:

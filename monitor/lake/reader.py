@@ -320,6 +320,22 @@ class TieredReader:
     def probe_page(self, run_id: str, step: int, sample_id: int | None, limit: int, after) -> tuple:
         return self._of(run_id).probe_page(run_id, step, sample_id, limit, after)
 
+    def reference_steps(self, run_id: str) -> list[int]:
+        return self._of(run_id).reference_steps(run_id)
+
+    def read_reference(self, run_id: str, step: int, sample_id: int | None = None,
+                       limit: int = 1_000_000) -> pd.DataFrame:
+        return self._of(run_id).read_reference(run_id, step, sample_id, limit=limit)
+
+    def reference_page(self, run_id: str, step: int, sample_id: int | None, limit: int, after) -> tuple:
+        return self._of(run_id).reference_page(run_id, step, sample_id, limit, after)
+
+    def read_words(self, run_id: str, start: int | None = None, end: int | None = None, **kw) -> pd.DataFrame:
+        return self._of(run_id).read_words(run_id, start, end, **kw)
+
+    def reference_words(self, run_id: str, step: int, **kw) -> pd.DataFrame:
+        return self._of(run_id).reference_words(run_id, step, **kw)
+
     def run_progress(self, run_id: str) -> tuple[int, int]:
         return self._of(run_id).run_progress(run_id)
 

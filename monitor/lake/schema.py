@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from forksight.base.tables import ALERTS, HISTOGRAMS, PROBES, RUNS, SAMPLES, SCALARS, TOKENS, Table
+from forksight.base.tables import ALERTS, HISTOGRAMS, PROBES, REFERENCE, RUNS, SAMPLES, SCALARS, TOKENS, Table
 from forksight.monitor.lake.errors import LakeError
 
 NAMESPACE = "forksight"
@@ -22,7 +22,7 @@ RETENTION = {"history.expire.max-snapshot-age-ms": str(6 * 3600 * 1000),       #
              "history.expire.min-snapshots-to-keep": "1",
              "write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "20"}
 STEP_BLOCK = 1000                  # steps per partition: a read of a step range touches its blocks only
-STEP_TABLES = (SCALARS, TOKENS, SAMPLES, HISTOGRAMS, PROBES)     # appended from the outbox
+STEP_TABLES = (SCALARS, TOKENS, SAMPLES, HISTOGRAMS, PROBES, REFERENCE)     # appended from the outbox
 STATE_TABLES = (RUNS, ALERTS)                            # overwritten per changed run
 LAKE_TABLES = {t.name: t for t in (*STEP_TABLES, *STATE_TABLES)}
 

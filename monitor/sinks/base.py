@@ -78,21 +78,29 @@ def sample_rows(step: int, rows: Sequence[Mapping[str, Any]], warned: set) -> li
 
 
 def probe_rows(step: int, rows: Sequence[Mapping[str, Any]], warned: set) -> list[dict]:
-    """Probe dicts -> storable rows: known fields only, non-finite numbers as null, the
-    alternatives' JSON within its limit (dropped with a warning past it)."""
-    from forksight.base.tables import PROBE_FIELDS, PROBES
+    """Probe dicts -> storable rows (keyed_rows of the probes table)."""
+    return keyed_rows("probes", step, rows, warned)
 
-    limits = {c.name: c.max_chars for c in PROBES.columns if c.max_chars is not None}
+
+def keyed_rows(table: str, step: int, rows: Sequence[Mapping[str, Any]], warned: set) -> list[dict]:
+    """Rows of a JSON per-token table (probes, reference) -> storable rows: known fields only,
+    non-finite numbers as null, text within its limit (dropped with a warning past it)."""
+    from forksight.base.tables import KEYED_TABLES
+
+    spec = KEYED_TABLES[table]
+    fields = [c.name for c in spec.wire_columns() if c.name != "step"]
+    limits = {c.name: c.max_chars for c in spec.columns if c.max_chars is not None}
     out = []
     for row in rows:
         clean: dict[str, Any] = {"step": int(step)}
-        for name in PROBE_FIELDS:
+        for name in fields:
             value = row.get(name)
             value = value.item() if hasattr(value, "item") else value
             if isinstance(value, float) and not math.isfinite(value):
                 value = None
             if name in limits and isinstance(value, str) and len(value) > limits[name]:
-                _warn_once(warned, f"probe-{name}-long", "probe %s over %d characters: not stored", name, limits[name])
+                _warn_once(warned, f"{table}-{name}-long", "%s %s over %d characters: not stored", table, name,
+                           limits[name])
                 value = None
             clean[name] = value
         out.append(clean)

@@ -46,6 +46,9 @@ class NullSink(SinkBase):
     def log_probes(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         pass
 
+    def log_reference(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        pass
+
     def flush(self, timeout: float | None = None) -> bool:
         return True
 

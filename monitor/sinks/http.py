@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 from forksight.base.runspec import RunSpec
 from forksight.monitor.sinks import spool as spool_mod
 from forksight.monitor.sinks.base import (
-    SinkBase, finite_scalars, histogram_item, probe_rows, sample_rows, track, untrack,
+    SinkBase, finite_scalars, histogram_item, keyed_rows, probe_rows, sample_rows, track, untrack,
 )
 from forksight.monitor.sinks.outbox import DeliveryError, Outbox
 from forksight.monitor.sinks.run_open import RunOpener
@@ -115,6 +115,10 @@ class HttpSink(SinkBase):
     def log_probes(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         rows = probe_rows(step, rows, self._warned)
         self.outbox.append("probes", rows, len(rows))
+
+    def log_reference(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        rows = keyed_rows("reference", step, rows, self._warned)
+        self.outbox.append("reference", rows, len(rows))
 
     def await_alerts(self, timeout: float = 10.0) -> None:
         """As SinkBase.await_alerts, but a collector known to be down (backing off) costs nothing, and

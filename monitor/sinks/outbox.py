@@ -10,7 +10,7 @@ from typing import Callable
 
 from forksight.monitor.sinks.spool import DATA_KINDS, Item, Spool, requests_of
 
-TABLES = ("scalars", "samples", "histograms", "probes", "tokens")
+TABLES = ("scalars", "samples", "histograms", "probes", "reference", "tokens")
 
 
 class DeliveryError(RuntimeError):

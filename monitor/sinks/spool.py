@@ -14,6 +14,7 @@ log = logging.getLogger("forksight.client")
 
 SPOOL_ROOT = Path(".forksight") / "spool"
 DATA_KINDS = ("json", "arrow")      # requests that carry rows (the others: run, status, heartbeat)
+JSON_TABLES = ("scalars", "samples", "histograms", "probes", "reference")     # a JSON batch's row lists
 
 
 class Item:
@@ -35,22 +36,26 @@ class Item:
             body = json.loads(self.body)
         except ValueError:
             return Counter(unknown=self.rows)
-        out = Counter({t: len(body.get(t) or []) for t in ("scalars", "samples", "histograms", "probes")})
+        out = Counter({t: len(body.get(t) or []) for t in JSON_TABLES})
         out["tokens"] = sum(len(b.get("sample_id") or []) for b in body.get("tokens") or [])
         return +out
 
 
 def requests_of(buf: dict[str, list], rank: int, max_rows: int) -> list[Item]:
-    """Buffered rows -> requests: one JSON batch (scalars, samples, histograms, probes), Arrow IPC for tokens."""
+    """Buffered rows -> requests: JSON batches (scalars, samples, histograms, probes, reference; more than one
+    when a table holds more rows than one batch may), Arrow IPC for tokens."""
     items: list[Item] = []
-    json_tables = [t for t in ("scalars", "samples", "histograms", "probes") if buf.get(t)]
-    if json_tables:
+    caps = _json_caps()
+    parts = max((-(-len(buf.get(t) or []) // caps[t]) for t in JSON_TABLES), default=0)
+    for part in range(parts):
         batch_id = uuid.uuid4().hex
-        body = {"batch_id": batch_id, "rank": rank, "scalars": buf["scalars"], "samples": buf["samples"],
-                "histograms": buf["histograms"]}
-        if buf.get("probes"):        # only when there are some: a collector before probes refuses the field
-            body["probes"] = buf["probes"]
-        rows = sum(len(buf[t]) for t in json_tables)
+        body: dict = {"batch_id": batch_id, "rank": rank}
+        for t in JSON_TABLES:
+            rows_of = (buf.get(t) or [])[part * caps[t]:(part + 1) * caps[t]]
+            # probes and reference only when there are some: a collector older than them refuses the field
+            if rows_of or t in ("scalars", "samples", "histograms"):
+                body[t] = rows_of
+        rows = sum(len(body.get(t) or []) for t in JSON_TABLES)
         items.append(Item("json", batch_id, json.dumps(body).encode(), rows))
     if buf["tokens"]:
         import pyarrow as pa
@@ -63,6 +68,14 @@ def requests_of(buf: dict[str, list], rank: int, max_rows: int) -> list[Item]:
                 writer.write_table(part)
             items.append(Item("arrow", uuid.uuid4().hex, sink.getvalue().to_pybytes(), part.num_rows))
     return items
+
+
+def _json_caps() -> dict[str, int]:
+    """The most rows of each JSON table one batch may carry (the collector's limits)."""
+    from forksight.base.limits import MAX_HISTOGRAMS, MAX_REFERENCE_ROWS, MAX_SAMPLE_ROWS, MAX_SCALAR_ROWS
+
+    return {"scalars": MAX_SCALAR_ROWS, "samples": MAX_SAMPLE_ROWS, "histograms": MAX_HISTOGRAMS,
+            "probes": MAX_SAMPLE_ROWS, "reference": MAX_REFERENCE_ROWS}
 
 
 class Spool:
