@@ -23,24 +23,13 @@ import time
 from pathlib import Path
 
 from page_io import add_page_options, commit, rendered_only, write_outputs
+from readable_warm import warm_model
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = ("fork", "ict", "random", "own")
 TAUS = (0.1, 0.3, 0.672, 1.0, 1.5)
-
-
-def _warm_model() -> str:
-    from forksight.trainer.config import PRESETS
-    from forksight.trainer.model import build_tiny
-    from forksight.trainer.tasks import make_task
-    from forksight.trainer.warmup import ensure_warm
-
-    p = PRESETS["readable"]
-    task = make_task(p["task"], level=p["level"], graded=p["graded"])
-    return str(ensure_warm(str(build_tiny()), task, target_pass=p["warmup_pass"], seed=0,
-                           max_seconds=p["warmup_max_seconds"], progress=False))
 
 
 def _one(model: str, strategy: str, lr: float, seed: int, args, work: Path) -> tuple:
@@ -195,7 +184,7 @@ def main() -> None:
 
     with open(REPO / "docs" / "strategies.json") as f:
         sweep_lr = json.load(f)["summary"]["readable"]
-    model = _warm_model()
+    model = warm_model()
     runs, all_rows = [], []
     with tempfile.TemporaryDirectory(prefix="probes-") as tmp:
         for strategy in args.strategies.split(","):

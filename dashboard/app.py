@@ -19,8 +19,8 @@ from forksight.dashboard import data
 log = logging.getLogger("forksight.dashboard")
 
 PAGES = ("forksight.dashboard.pages.runs", "forksight.dashboard.pages.run",
-         "forksight.dashboard.pages.tokens", "forksight.dashboard.pages.compare",
-         "forksight.dashboard.pages.alerts")
+         "forksight.dashboard.pages.tokens", "forksight.dashboard.pages.reference",
+         "forksight.dashboard.pages.compare", "forksight.dashboard.pages.alerts")
 ASSET_MAX_AGE_S = 365 * 24 * 3600
 # The trace types the figures draw: assets/plotly-forksight.min.js registers these only (1.5 MB,
 # Dash's full plotly.js is 4.8 MB and cost ~1.5 s of browser work per first open). Dash uses a
@@ -31,7 +31,7 @@ PLOTLY_TRACES = ("scatter", "scattergl", "heatmap")
 # and the renderer's own fetch takes the preloaded answer (same URL, mode and credentials).
 PRELOAD = ('<link rel="preload" href="{prefix}_dash-layout" as="fetch" crossorigin="anonymous">'
            '<link rel="preload" href="{prefix}_dash-dependencies" as="fetch" crossorigin="anonymous">')
-NAV = (("Runs", "/"), ("Run", "/run"), ("Tokens", "/tokens"), ("Compare", "/compare"),
+NAV = (("Runs", "/"), ("Run", "/run"), ("Tokens", "/tokens"), ("Reference", "/reference"), ("Compare", "/compare"),
        ("Alerts", "/alerts"))
 
 

@@ -19,6 +19,7 @@ from forksight.dashboard import figures as F
 from forksight.dashboard import heldout_figures as H
 from forksight.dashboard import mismatch_figures as M
 from forksight.dashboard import probe_figures as P
+from forksight.dashboard import reference_figures as RF
 from forksight.dashboard import trust_figures as T
 from forksight.dashboard import run_figures as R
 from forksight.dashboard.data import LRU
@@ -93,7 +94,7 @@ def waiting_figures(message: str = "waiting for the first step of this run…") 
     return {g: F.empty_figure(message if g == "entropy" else "", height=200 if g == "entropy"
                               else 40)
             for g in ("entropy", "heatmap", "mismatch", "ratios", "passk", "signals",
-                      "custom", "heldout", "probes", "trust")}
+                      "custom", "heldout", "probes", "trust", "pattern")}
 
 
 def mismatch_histogram(reader: Reader, run_id: str, at: int | None = None) -> dict:
@@ -152,9 +153,11 @@ def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None 
     heldout = H.has_heldout(keys)
     probes = P.has_probes(keys)
     trust = T.has_trust(keys)
+    pattern = RF.has_reference(keys)
     wanted = [*RUN_KEYS_CORE, *F.DIAGNOSTIC_KEYS, *F.pass_keys(keys), *controls.custom_keys,
               *(M.DRAWN_KEYS if mismatch else ()), *H.eval_pass_keys(keys),
-              *(P.PANEL_KEYS if probes else ()), *(T.READ_KEYS if trust else ())]
+              *(P.PANEL_KEYS if probes else ()), *(T.READ_KEYS if trust else ()),
+              *(RF.PANEL_KEYS if pattern else ())]
     wanted = [k for k in dict.fromkeys(wanted) if k in set(keys)]
     ratios = _POOL.submit(mismatch_histogram, reader, run_id, focus) if mismatch else None
     run, frame, hist, alerts = read_run(reader, run_id, wanted, controls.max_points, cache)
@@ -188,6 +191,9 @@ def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None 
         # hidden (the page's wrapper) when the run logs no trust/* (one update per batch, ratio clip)
         "trust": T.trust_figure(scalars, x_axis=c.x_axis, max_points=c.max_points,
                                 uirevision=run_id) if trust else F.empty_figure("", 40),
+        # hidden (the page's wrapper) when the run keeps no reference set (ref/*)
+        "pattern": RF.pattern_figure(scalars, x_axis=c.x_axis, max_points=c.max_points,
+                                     uirevision=run_id) if pattern else F.empty_figure("", 40),
         "signals": R.scalar_grid(scalars, F.DIAGNOSTIC_KEYS, alerts=routed["signals"],
                                  smoothing=c.smoothing,
                                  x_axis=c.x_axis, log_y=c.log_y, max_points=c.max_points,
@@ -206,14 +212,15 @@ def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None 
     state = {"run_id": run_id, "last_step": last, "last_hist_step": last_hist,
              "controls": controls.key(), "entropy": h,
              "alerts_seen": len(alerts), "forecast": A.latest_forecast(alerts), "mismatch": mismatch,
-             "heldout": heldout, "probes": probes, "trust": trust, "last_eval_step": _last_eval_step(frame),
+             "heldout": heldout, "probes": probes, "trust": trust, "pattern": pattern,
+             "last_eval_step": _last_eval_step(frame),
              # a live run's next evaluation may land after its step's rows: look for it a while
              "eval_watch_until": time.time() + EVAL_WATCH_S if (run or {}).get("status") == "live"
              else 0.0,
              "keys": wanted, "plans": {name: trace_plan(fig) for name, fig in figures.items()}}
     return {"figures": figures, "state": state, "banner": banner(alerts, run_id, prefix),
             "run": run, "other_keys": other_keys(keys), "mismatch": mismatch, "heldout": heldout,
-            "probes": probes, "trust": trust,
+            "probes": probes, "trust": trust, "pattern": pattern,
             "verdict": run_verdict(alerts, h, last)}
 
 
@@ -292,6 +299,9 @@ def tick_run(reader: Reader, state: dict, controls: Controls, prefix: str = "/",
     if not frame.empty and not state.get("trust"):
         # a run's first step with trust/*: redraw once to show its trust-region panel
         out["redraw"] = out["redraw"] or T.has_trust(reader.scalar_keys(run_id))
+    if not frame.empty and not state.get("pattern"):
+        # a run's first re-scoring after its base: redraw once to show its entropy-pattern panel
+        out["redraw"] = out["redraw"] or RF.has_reference(reader.scalar_keys(run_id))
     if not frame.empty and not state.get("mismatch"):
         # a run that starts logging mismatch after its first draw: redraw once to show its charts
         out["redraw"] = out["redraw"] or M.has_mismatch(reader.scalar_keys(run_id))

@@ -19,16 +19,18 @@ TV_DELTA = 0.15             # DPPO's TV region (hooks/metrics/trust.py DEFAULT_D
 METRICS = {"entropy": "entropy H", "renyi2": "Rényi-2 H2", "js": "JS to group",
            "logp": "surprise −log p", "mismatch": "mismatch log r", "delta": "value Δ",
            "tv": "binary TV"}
+# the reference page's own: H now minus H at the base, the same text (docs/algorithms.md §15)
+REFERENCE_METRICS = {"entropy": "entropy H", "dh": "ΔH from the base"}
 UNITS = {"entropy": "nats", "renyi2": "nats", "js": "nats", "logp": "nats", "mismatch": "nats",
-         "delta": "reward", "tv": "probability"}
+         "delta": "reward", "tv": "probability", "dh": "nats"}
 HUES = {"entropy": (232, 89, 12), "renyi2": (95, 61, 196), "js": (11, 114, 133),
         "logp": (201, 42, 42), "mismatch": (178, 24, 43), "delta": (43, 138, 62),
-        "tv": (156, 54, 181)}
+        "tv": (156, 54, 181), "dh": (232, 89, 12)}
 # the mismatch scale diverges: r > 1 (the trainer's p above the sampler's) in HUES' red, r < 1 in blue
 BELOW_HUE = (33, 102, 172)
 # value Δ diverges too: a token that raised the expected reward in HUES' green, lowered it in red
 BELOW = {"delta": (201, 42, 42)}
-DIVERGING = ("mismatch", "delta")
+DIVERGING = ("mismatch", "delta", "dh")      # ΔH: gained entropy in H's orange, lost it in blue
 # metrics known for some tokens only: an unknown one is greyed, never drawn as "0" (no sampler
 # log p; not probed; not trained, or the batch trained once: no π_old to move from)
 PARTIAL = (*DIVERGING, "tv")
@@ -42,7 +44,8 @@ TOP_QUANTILE = 0.95         # ...as this quantile, so one outlier does not pale 
 FLOOR = {"entropy": 1.0, "renyi2": 1.0, "js": 0.05, "logp": 1.0,
          "mismatch": math.log(MISMATCH_BANDS[0]),   # ±log 2: the 2x band always fits on the scale
          "delta": PIVOT_DELTA,                       # ±0.2: a pivotal Δ is always strongly coloured
-         "tv": TV_DELTA}                             # DPPO's δ: a token outside its region is full colour
+         "tv": TV_DELTA,                             # DPPO's δ: a token outside its region is full colour
+         "dh": 0.1}                                  # ±0.1 nats: a small move stays pale
 BAND_MARKS = tuple((sign * math.log(b), f"{b:g}×" if sign > 0 else f"1/{b:g}×")
                    for b in MISMATCH_BANDS for sign in (-1, 1))
 
@@ -114,7 +117,7 @@ class TokenScale:
                  if self.low < v < self.top]
         if not self.diverging:
             return [(0.0, "0"), *inner, (self.top, f"{self.top:.3g}")]
-        if self.metric == "delta":
+        if self.metric in ("delta", "dh"):
             return sorted([(self.low, f"−{self.top:.3g}"), *inner, (0.0, "0"), (self.top, f"+{self.top:.3g}")])
         ends = [(self.low, f"−{self.top:.3g} ({math.exp(self.low):.2g}×)"),
                 (self.top, f"+{self.top:.3g} ({math.exp(self.top):.3g}×)")]
@@ -141,8 +144,8 @@ def token_scale(early_values: Sequence[float] | np.ndarray, metric: str, *,
     """A run's fixed scale for `metric` from its early steps' values (`steps` names them); the
     mismatch scale is ± the quantile of |log r|, at least ±log 2; value Δ's ± the quantile of
     |Δ| over the run's first probed steps, at least ±0.2 (the pivot threshold)."""
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
+    if metric not in METRICS and metric not in REFERENCE_METRICS:
+        raise ValueError(f"metric must be one of {sorted({**METRICS, **REFERENCE_METRICS})}, got {metric!r}")
     vals = np.asarray(early_values, dtype=np.float64)
     vals = -vals if metric == "logp" else np.abs(vals) if metric in DIVERGING else vals
     vals = vals[np.isfinite(vals)]
@@ -153,6 +156,8 @@ def token_scale(early_values: Sequence[float] | np.ndarray, metric: str, *,
     if metric == "mismatch":
         source = f"± the {TOP_QUANTILE:.0%} quantile of |log r| in {where}" if len(vals) \
             else f"no sampler log p in {where}"
+    if metric == "dh":
+        source = f"± the {TOP_QUANTILE:.0%} quantile of |ΔH| in {where}"
     if metric == "delta":
         where = where.replace("step", "probed step")
         source = f"± the {TOP_QUANTILE:.0%} quantile of |Δ| in {where}" if len(vals) \
@@ -166,6 +171,8 @@ def token_scale(early_values: Sequence[float] | np.ndarray, metric: str, *,
                       if len(vals) else source)
         elif metric not in DIVERGING:
             source = f"floor ({where} stay below it)"
+        elif metric == "dh":
+            source = f"±{FLOOR['dh']:g} nats, the floor ({where} moved less)"
         elif len(vals) and metric == "mismatch":
             source = f"±log 2, the 2× band ({TOP_QUANTILE:.0%} of {where} lie inside it)"
         elif len(vals):

@@ -10,8 +10,8 @@ import pandas as pd
 from dash import html
 
 from forksight.dashboard.probe_figures import probe_lines
-from forksight.dashboard.token_figures import (METRICS, PARTIAL, UNITS, TokenScale, token_scale,
-                                               with_log_ratio)
+from forksight.dashboard.token_figures import (METRICS, PARTIAL, REFERENCE_METRICS, UNITS, TokenScale,
+                                               token_scale, with_log_ratio)
 
 def _fmt(value, digits: int = 4) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
@@ -155,7 +155,8 @@ def legend(scale: TokenScale, fork: str = "fork token (H ≥ threshold)") -> htm
     stops = (-1.0, 0.0, 1.0) if scale.diverging else (0.0, 1.0)
     gradient = f"linear-gradient(to right, {', '.join(scale.fill(v) for v in stops)})"
     return html.Div(className="tok-legend", children=[
-        html.Span(f"{METRICS[scale.metric]}, fixed for this run: ", className="scale-name"),
+        html.Span(f"{METRICS.get(scale.metric) or REFERENCE_METRICS[scale.metric]}, fixed for this run: ",
+                  className="scale-name"),
         *mismatch_notes(scale),
         html.Div(className="scale", id="tok-scale", **{"data-top": f"{scale.top:.6g}",
                                                        "data-low": f"{scale.low:.6g}"},
@@ -182,6 +183,10 @@ def mismatch_notes(scale: TokenScale) -> list:
         return []
     if scale.metric == "delta":
         return probe_notes(scale)
+    if scale.metric == "dh":
+        return [html.Span("ΔH = H at this step − H at the base, the same token of the same text: orange, the "
+                          "policy is less sure here than it was; blue, surer; grey text: no entropy",
+                          className="scale-source", style={"flexBasis": "100%", "order": 9})]
     if scale.empty:
         return [html.Span("no sampler log p: tokens stay uncoloured (log it: README, "
                           "training–inference mismatch)", className="notice", id="tok-no-sampler")]

@@ -6,6 +6,8 @@ the ratio clip against DPPO's TV by entropy quartile), training signals and any 
 arrive as Patches every 750 ms (live.TICK_MS); the whole page redraws only when a control changes."""
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 import dash
 from dash import Input, Output, State, dcc, html, no_update
 
@@ -19,8 +21,8 @@ from forksight.dashboard.run_view import Controls, draw_run, heatmap_kept, statu
 from forksight.dashboard.wire import wire_figure
 
 GRAPHS = ("entropy", "heatmap", "mismatch", "ratios", "passk", "signals", "custom", "heldout", "probes",
-          "trust")
-WRAPPED = ("mismatch", "heldout", "probes", "trust")    # panels shown only for runs that log them
+          "trust", "pattern")
+WRAPPED = ("mismatch", "heldout", "probes", "trust", "pattern")    # panels shown only for runs that log them
 HIDDEN = {"display": "none"}
 _CONFIG = {"displaylogo": False, "responsive": True}
 START = Controls()      # the controls as a page opens (the layout's first draw uses them)
@@ -102,6 +104,12 @@ def layout(run: str | None = None, step: str | None = None, **_query) -> html.Di
             # shown only for a run that logs trust/* (a batch trained more than once, or DPPO's region)
             html.Div(dcc.Graph(id="run-trust", config=_CONFIG, figure=figure("trust")),
                      id="run-trust-wrap", style=None if first and first["trust"] else HIDDEN),
+            # shown only for a run that keeps a reference set (ref/*): its base-vs-step view links below
+            html.Div([dcc.Graph(id="run-pattern", config=_CONFIG, figure=figure("pattern")),
+                      dcc.Link("the reference set token by token, base against any step →", id="run-pattern-link",
+                               href=dash.get_relative_path("/reference?" + urlencode({"run": run})) if run else "#",
+                               className="panel-link")],
+                     id="run-pattern-wrap", style=None if first and first["pattern"] else HIDDEN),
             dcc.Graph(id="run-signals", config=_CONFIG, figure=figure("signals")),
             html.Div(className="controls", children=[
                 html.Label("other scalars by name"),
@@ -124,7 +132,7 @@ def drawn(run_id: str, controls: Controls, focus: int | None) -> dict:
                    dash.get_relative_path("/"), focus=focus)
     return {"figures": {g: shown(g, out["figures"][g], focus, controls.x_axis) for g in GRAPHS},
             "state": out["state"], "banner": out["banner"], "mismatch": out["mismatch"],
-            "heldout": out["heldout"], "probes": out["probes"], "trust": out["trust"],
+            "heldout": out["heldout"], "probes": out["probes"], "trust": out["trust"], "pattern": out["pattern"],
             "status": status_line(out["run"], out["state"]), "other_keys": out["other_keys"],
             "health": verdict_chip(out["verdict"], id="run-verdict")}
 
@@ -203,6 +211,10 @@ def register(app: dash.Dash) -> None:
                   else f for g, f in zip(GRAPHS, figures)], out["state"],
                 out["banner"] if out["banner"] is not None else no_update,
                 status_line(reader.run(state["run_id"]), out["state"]), chip, *(no_update,) * len(WRAPPED))
+
+    @app.callback(Output("run-pattern-link", "href"), Input("run-select", "value"), prevent_initial_call=True)
+    def pattern_link(run_id):
+        return dash.get_relative_path("/reference?" + urlencode({"run": run_id})) if run_id else "#"
 
     @app.callback(Output("run-tick", "disabled"), Output("run-pause", "children"),
                   Input("run-pause", "n_clicks"), prevent_initial_call=True)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from forksight.base.fork_rule import ForkRule
+from forksight.base.rank_bins import rank_bins
 
 DECILES = 10
 
@@ -107,10 +108,7 @@ def score(model, ref: ReferenceSet, *, temperature: float = 1.0, batch_size: int
 def decile_of(base_entropy: np.ndarray) -> np.ndarray:
     """Each position's base-entropy decile, 0 (lowest H) .. 9, by rank (ties broken by position), so each
     decile holds a tenth of the positions even where many share H ≈ 0."""
-    order = np.argsort(base_entropy, kind="stable")
-    out = np.empty(len(order), dtype=np.int64)
-    out[order] = (np.arange(len(order)) * DECILES) // max(len(order), 1)
-    return out
+    return rank_bins(base_entropy, DECILES)
 
 
 def pattern_scalars(base: Scored, now: Scored) -> dict[str, float]:
