@@ -93,3 +93,38 @@ def test_reference_every_below_zero_is_refused_before_anything_opens(tiny_model_
     with pytest.raises(ValueError, match="reference_every must be >= 0"):
         forksight.trl.attach(trainer, db=str(tmp_path / "x.duckdb"), reference_every=-1)
     assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_rescore_over_three_real_trl_checkpoints_equals_each_checkpoints_own_forward(tiny_model_path, tmp_path,
+                                                                                      capsys):
+    """A TRL run without a reference set (reference_every=0) saving checkpoint-1, -2, -3, then `forksight
+    rescore --from-step 1` over its output folder: each checkpoint's rows are its own teacher-forced scores."""
+    from transformers import AutoModelForCausalLM
+
+    from forksight.compose.cli import main
+
+    trainer = _trainer(tiny_model_path, tmp_path / "out", 3)
+    trainer.args.save_steps = 1
+    db = str(tmp_path / "trl.duckdb")
+    callback = forksight.trl.attach(trainer, db=db, run="trl-plain", reference_every=0, sample=2)
+    trainer.train()
+    callback.detach()
+    assert sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2",
+                                                                                "checkpoint-3"]
+    assert main(["rescore", "--db", db, "--run", "trl-plain", "--from-step", "1", "--size", "4",
+                 "--checkpoints", str(tmp_path / "out"), "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [c["step"] for c in out["checkpoints"]] == [1, 2, 3] and out["base_step"] == 0
+    with Store(db) as store:
+        reader = store.reader
+        assert reader.reference_steps("trl-plain") == [0, 1, 2, 3]    # the base: step 1's stored statistics
+        ref, _ = set_from_rows(reader.read_reference("trl-plain", 0).to_dict("records"))
+        rows = {s: reader.read_reference("trl-plain", s).to_dict("records") for s in (1, 2, 3)}
+    for step in (1, 2, 3):
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / f"checkpoint-{step}").eval()
+        want = float64_scores(model, ref, 1.0)
+        scored = [r for r in rows[step] if r["pos"] >= 0]
+        assert len(scored) == sum(map(len, ref.completions))
+        for r in scored:
+            assert r["entropy"] == pytest.approx(want[r["sample_id"]]["entropy"][r["pos"]], abs=1e-5)
+            assert r["logp"] == pytest.approx(want[r["sample_id"]]["logp"][r["pos"]], abs=1e-5)

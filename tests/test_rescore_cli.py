@@ -50,28 +50,33 @@ def test_from_step_through_a_collector_equals_float64_scores_of_each_checkpoint(
         assert code == 0, capsys.readouterr().err
         out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         reader = srv.collector.store.reader
-        assert reader.reference_steps("plain") == [0, 1, 4]
-        base_rows = reader.read_reference("plain", 1).to_dict("records")
+        assert reader.reference_steps("plain") == [0, 4]          # step 1's rows were sampled after 0 updates
+        base_rows = reader.read_reference("plain", 0).to_dict("records")
         ref, base = set_from_rows(base_rows)
         stored_tokens = reader.read_tokens("plain", 1)
         rows = {s: reader.read_reference("plain", s).to_dict("records") for s in (0, 4)}
         scalars = reader.read_scalars("plain")
-    assert out["base_step"] == 1 and out["completions"] == len(ref) == 5
+    assert out["base_step"] == 0 and out["completions"] == len(ref) == 5
     assert [c["step"] for c in out["checkpoints"]] == [0, 4]
+    assert out["checkpoints"][0]["skipped"] == "the base (its stored statistics)"
     # the base is step 1's stored completions with their stored statistics
     by_pos = {(s, p): h for s, p, h in zip(stored_tokens.sample_id, stored_tokens.pos, stored_tokens.entropy)}
     firsts = sorted(stored_tokens.sample_id.unique())[:5]
     assert [len(c) for c in ref.completions] == [int((stored_tokens.sample_id == s).sum()) for s in firsts]
     for i, s in enumerate(firsts):
         assert base.entropy[i] == pytest.approx([by_pos[(s, p)] for p in range(len(ref.completions[i]))], abs=1e-6)
-    for step, model in ((0, _weights(tiny_model_path)), (4, _weights(tiny_model_path, trained["pt"]))):
+    # the base's stored statistics are the base model's own scoring of that text (it sampled step 1)
+    want0 = float64_scores(_weights(tiny_model_path), ref, 1.0)
+    for i, h in enumerate(base.entropy):
+        assert h == pytest.approx(want0[i]["entropy"], abs=1e-4)
+    for step, model in ((4, _weights(tiny_model_path, trained["pt"])),):
         want = float64_scores(model, ref, 1.0)
         assert len(rows[step]) == sum(map(len, ref.completions))
         for r in rows[step]:
-            assert r["entropy"] == pytest.approx(want[r["sample_id"]]["entropy"][r["pos"]], abs=2e-5)
-            assert r["logp"] == pytest.approx(want[r["sample_id"]]["logp"][r["pos"]], abs=2e-5)
+            assert r["entropy"] == pytest.approx(want[r["sample_id"]]["entropy"][r["pos"]], abs=1e-5)
+            assert r["logp"] == pytest.approx(want[r["sample_id"]]["logp"][r["pos"]], abs=1e-5)
     at = {(s, k): v for s, k, v in zip(scalars.step, scalars.key, scalars.value)}
-    assert at[(1, "ref/fork_overlap")] == 1.0 and at[(4, "ref/fork_overlap")] == out["checkpoints"][1]["ref/fork_overlap"]
+    assert at[(0, "ref/fork_overlap")] == 1.0 and at[(4, "ref/fork_overlap")] == out["checkpoints"][1]["ref/fork_overlap"]
 
 
 @pytest.mark.parametrize("args, says", [
@@ -112,7 +117,7 @@ def test_a_set_is_never_replaced_and_a_scored_step_is_not_scored_twice(trained, 
     capsys.readouterr()
     assert main(["rescore", "--db", db, "--run", "plain", "--from-step", "2",
                  "--checkpoints", f"{trained['ckpts']}/checkpoint-0"]) == 2
-    assert "already has a reference set (its base at step 2)" in capsys.readouterr().err
+    assert "already has a reference set (its base at step 1)" in capsys.readouterr().err
     assert main(["rescore", "--db", db, "--run", "plain", "--checkpoints", trained["ckpts"]]) == 0
     assert "step 0: already scored" in capsys.readouterr().out
     with Store(db, verify=False) as store:

@@ -4,7 +4,11 @@ import` its logs, then `rescore` its checkpoints. The set is the run's own (its 
 for a run without one, the stored completions of `--from-step` (their stored statistics are the base).
 Rows go to the run's `reference` table, ref/* scalars at each checkpoint's step. Everything is checked
 before anything is written: an unknown run, a folder with no checkpoint, a checkpoint whose step cannot
-be told or whose vocabulary cannot hold the stored ids, a run with neither a set nor --from-step."""
+be told or whose vocabulary cannot hold the stored ids, a run with neither a set nor --from-step.
+
+Steps: the reference rows at step k are the policy after k optimiser updates (as TRL's checkpoint-k and
+the trainers' own re-scoring); the token rows of step S were scored by the policy before step S's
+update, so --from-step S's base is stored at step S − 1."""
 from __future__ import annotations
 
 import argparse
@@ -30,7 +34,8 @@ def add_parser(subparsers) -> None:
                         "bundled trainer's out_dir/<run> (checkpoint.pt); in step order from trainer_state.json "
                         "or the folder name")
     p.add_argument("--from-step", type=int, default=None,
-                   help="a run without a reference set: use the stored completions of this step as the set")
+                   help="a run without a reference set: use the stored completions of step S as the set; their "
+                        "stored statistics are the base, at step S − 1 (the policy that sampled them)")
     p.add_argument("--size", type=int, default=32, help="--from-step: at most this many completions (default 32)")
     p.add_argument("--tokenizer", default=None, metavar="HF_DIR",
                    help="--from-step: the tokenizer of the run's prompts (default: the first checkpoint's)")
@@ -211,7 +216,11 @@ def _run(args: argparse.Namespace, source) -> int:
             ref, base = set_from_rows(stored_rows)
             names = {int(r["token_id"]): r.get("token") for r in stored_rows}
         elif args.from_step is not None:
-            base_step = args.from_step
+            if args.from_step < 1:
+                raise ProbeInputError(f"--from-step must be a trained step (>= 1), got {args.from_step}")
+            # step S's completions were sampled and scored by the policy after S − 1 updates, which is
+            # what a checkpoint-(S − 1) holds: their stored statistics are the base, at step S − 1
+            base_step = args.from_step - 1
             ref, base, names = _set_of_step(args, source, found[0][1])
             base_rows = True
         else:
@@ -231,8 +240,9 @@ def _run(args: argparse.Namespace, source) -> int:
             source.write(args.run, base_step, scorer.rows(base, prompts=True), pattern_scalars(base, base),
                          table="reference")
         for step, checkpoint in tqdm(found, desc=f"rescore {args.run}", unit="checkpoint"):
-            if step in stored:
-                summary.append({"step": step, "checkpoint": str(checkpoint), "skipped": "already scored"})
+            if step in stored or (base_rows and step == base_step):
+                summary.append({"step": step, "checkpoint": str(checkpoint),
+                                "skipped": "already scored" if step in stored else "the base (its stored statistics)"})
                 continue
             scorer.sink = _Rows()
             try:
