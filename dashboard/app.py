@@ -35,15 +35,19 @@ NAV = (("Runs", "/"), ("Run", "/run"), ("Tokens", "/tokens"), ("Reference", "/re
        ("Alerts", "/alerts"))
 
 
-def create_dash(reader: Reader, *, url_base: str = "/") -> Dash:
-    """The dashboard reading only through `reader`; its Flask app is `.server`."""
+def create_dash(reader: Reader, *, url_base: str = "/", fork_rule: str | None = None) -> Dash:
+    """The dashboard reading only through `reader`; its Flask app is `.server`. fork_rule: the rule the tokens
+    page outlines forks by for every run (abs:τ or top:q; None: each run's stored flags)."""
+    from forksight.base.fork_rule import ForkRule
+
+    rule = None if fork_rule is None else ForkRule.parse(fork_rule)       # a bad rule: said before serving
     if not (url_base.startswith("/") and url_base.endswith("/")):
         raise ValueError(f"url_base must start and end with '/', got {url_base!r}")
     here = Path(__file__).parent
     app = Dash(__name__, use_pages=True, pages_folder="", url_base_pathname=url_base,
                assets_folder=str(here / "assets"), title="forksight", update_title=None,
                suppress_callback_exceptions=True)
-    data.install(app.server, reader)     # on this app's server: never shared with another app
+    data.install(app.server, reader, rule)     # on this app's server: never shared with another app
     # assets (/assets/style.css?m=<mtime>) carry their file's time in the URL: a browser may keep
     # them a year (Dash's fingerprinted component scripts are cached so already)
     app.server.config["SEND_FILE_MAX_AGE_DEFAULT"] = ASSET_MAX_AGE_S

@@ -76,8 +76,11 @@ class AppState:
     hold 400k token rows (24 such steps once kept +700 MB)."""
 
     def __init__(self, reader: Any, *, run_frame_bytes: int = 64 << 20, token_bytes: int = 128 << 20,
-                 history_bytes: int = 32 << 20):
+                 history_bytes: int = 32 << 20, fork_rule: Any = None):
         self.reader = reader
+        # `forksight serve --fork-rule`: the tokens page outlines forks under this rule (base.fork_rule), from
+        # the stored H, instead of the stored flags (None: each run's own)
+        self.fork_rule = fork_rule
         self.run_frames = LRU(max_bytes=run_frame_bytes)   # (run, points, keys) -> frames already read
         self.token_rows = LRU(max_bytes=token_bytes)       # (run, step) -> (tokens, samples)
         self.token_scales = LRU(64)                        # (run, metric) -> the run's fixed TokenScale
@@ -85,9 +88,9 @@ class AppState:
         self.token_history = LRU(max_bytes=history_bytes)
 
 
-def install(server: flask.Flask, reader: Any) -> AppState:
+def install(server: flask.Flask, reader: Any, fork_rule: Any = None) -> AppState:
     """Give a Dash app's Flask server its own state (called by create_dash)."""
-    state = AppState(reader)
+    state = AppState(reader, fork_rule=fork_rule)
     server.config[CONFIG_KEY] = state
     return state
 

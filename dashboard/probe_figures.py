@@ -103,10 +103,11 @@ def probe_lines(row: dict) -> list[str]:
 
 
 def pivotal_figure(scalars: dict[str, pd.DataFrame], *, x_axis: str = "step",
-                   max_points: int | None = None, uirevision: str = "run") -> dict:
+                   max_points: int | None = None, uirevision: str = "run", fork_rule: str | None = None) -> dict:
     """Two panels over the probed steps: are the forks the pivotal tokens (fork precision, the
     share of pivots that are forks, against the share of all probed tokens that are pivotal), and
-    each selection rule's recall of the pivotal tokens against random picks of the same count."""
+    each selection rule's recall of the pivotal tokens against random picks of the same count.
+    `fork_rule`: the run's (its config's), named above the first panel: it decides which tokens are forks."""
     rows = {k: series(scalars, k, max_points) for k in PANEL_KEYS}
     if all(r.empty for r in rows.values()):
         return empty_figure("no value probes in this run: forksight train --probe-every N "
@@ -118,7 +119,13 @@ def pivotal_figure(scalars: dict[str, pd.DataFrame], *, x_axis: str = "step",
     data = spec_lines(rows, PRECISION, xref=x1, yref=y1, legend="legend", **style) + \
         spec_lines(rows, RECALL, xref=x2, yref=y2, legend="legend2", **style)
     # each panel: its question on top, its legend (one entry a line) below it, the plot under both
-    notes = panel_notes([("are the forks pivotal?", xa1), ("recall of pivotal tokens by selection rule", xa2)])
+    from forksight.base.fork_rule import ForkRule
+
+    try:
+        rule = ForkRule.parse(fork_rule).describe()
+    except ValueError:
+        rule = ForkRule.parse(None).describe()
+    notes = panel_notes([(f"are the forks pivotal? ({rule})", xa1), ("recall of pivotal tokens by selection rule", xa2)])
     layout = base_layout("Pivotal tokens (value probes: |Δ| ≥ 0.2 and > 2 SE)", height=420, x_axis=x_axis,
                          uirevision=uirevision, hovermode="closest", annotations=notes)
     axis = {"type": "date" if x_axis == "wall" else "linear", "title": {"text": X_TITLES[x_axis], "standoff": 2}}

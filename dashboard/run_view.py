@@ -186,8 +186,9 @@ def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None 
                                     x_axis=c.x_axis, max_points=c.max_points,
                                     uirevision=run_id) if heldout else F.empty_figure("", 40),
         # hidden (the page's wrapper) when the run logs no value probes
-        "probes": P.pivotal_figure(scalars, x_axis=c.x_axis, max_points=c.max_points,
-                                   uirevision=run_id) if probes else F.empty_figure("", 40),
+        "probes": P.pivotal_figure(scalars, x_axis=c.x_axis, max_points=c.max_points, uirevision=run_id,
+                                   fork_rule=((run or {}).get("config") or {}).get("fork_rule"))
+        if probes else F.empty_figure("", 40),
         # hidden (the page's wrapper) when the run logs no trust/* (one update per batch, ratio clip)
         "trust": T.trust_figure(scalars, x_axis=c.x_axis, max_points=c.max_points,
                                 uirevision=run_id) if trust else F.empty_figure("", 40),

@@ -133,3 +133,32 @@ def test_the_tokens_legend_names_the_rule_and_the_steps_threshold():
     shown = legend(token_scale([0.1, 0.9], "entropy"), fork_note({"fork_rule": "top:0.2"}, 0.4))
     spans = [c for c in shown.children if getattr(c, "id", None) == "tok-fork-rule"]
     assert spans and "top 20%" in spans[0].children
+
+
+def test_serve_fork_rule_redraws_a_stored_run_under_another_rule(tmp_path, capsys):
+    """`forksight serve --fork-rule top:0.5` outlines, on the tokens page, the tokens at or above the median
+    H of the step's stored rows, whatever rule the run was stored under (abs:0.672 here); a bad rule is
+    refused before anything starts."""
+    import numpy as np
+
+    from forksight.compose.cli import main
+    from forksight.dashboard.pages.tokens import render_step
+    from forksight.monitor.collector.store import Store
+    from forksight.trainer.config import load_config
+    from forksight.trainer.loop import train
+
+    db = str(tmp_path / "t.duckdb")
+    train(load_config(preset="tiny-test", overrides=dict(steps=1, run="abs", db=db, token_groups=2, progress=False)))
+    rule = ForkRule.parse("top:0.5")
+    with Store(db, verify=False) as store:
+        tokens = store.reader.read_tokens("abs", 1)
+        sample = int(tokens.sample_id.iloc[0])
+        mine = tokens[tokens.sample_id == sample].sort_values("pos")
+        median = float(np.quantile(tokens.entropy.to_numpy(np.float64), 0.5))
+        spans = render_step(store.reader, "abs", 1, str(sample), "entropy", fork_rule=rule)["main"][0].children[1].children
+        stored = render_step(store.reader, "abs", 1, str(sample), "entropy")["main"][0].children[1].children
+    outlined = ["fork" in s.className.split() for s in spans]
+    assert outlined == (mine.entropy.to_numpy(np.float64) >= median).tolist()
+    assert ["fork" in s.className.split() for s in stored] == mine.fork.tolist()       # the stored flags
+    assert main(["serve", "--db", str(tmp_path / "x.duckdb"), "--fork-rule", "top:2"]) == 2
+    assert "fork rule 'top:2'" in capsys.readouterr().err and not (tmp_path / "x.duckdb").exists()

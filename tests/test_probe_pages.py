@@ -132,6 +132,11 @@ def test_the_pivotal_panel_draws_each_rule_against_the_random_baseline():
     assert drawn["probe/recall/fork"]["y"] == [0.6, 0.7] and drawn["probe/recall/fork"]["x"] == [1, 50]
     assert drawn["probe/recall/random"]["line"]["dash"] == "dash"       # the baseline
     assert drawn["probe/recall/fork"]["yaxis"] == "y2" and drawn["probe/fork_precision"]["yaxis"] == "y"
+    # the panel names the run's fork rule: it decides which tokens the precision counts as forks
+    titles = lambda f: [a["text"] for a in f["layout"]["annotations"]]  # noqa: E731
+    assert "<b>are the forks pivotal? (fork: H ≥ 0.672 nats (abs:0.672))</b>" in titles(fig)
+    top = P.pivotal_figure(scalars, fork_rule="top:0.2")
+    assert "<b>are the forks pivotal? (fork: the step's top 20% of tokens by H (top:0.2))</b>" in titles(top)
     assert "no value probes" in str(P.pivotal_figure(by_key(pd.DataFrame(
         {"key": ["entropy/mean"], "step": [0], "value": [1.0], "wall_time": [0.0]}))))
 

@@ -21,10 +21,10 @@ log = logging.getLogger("forksight.compose.app")
 
 
 def create_app(store: Store, *, token: str | None = None, dashboard: bool = True, hub: AlertHub | None = None,
-               lake=None) -> FastAPI:
+               lake=None, fork_rule: str | None = None) -> FastAPI:
     """The collector app over `store`: /api routes first, the Dash dashboard at /, all behind the guard.
     lake: the lake's committer (--lake-catalog): the dashboard and the read routes then read every run of
-    the lake too."""
+    the lake too. fork_rule: the rule the dashboard's tokens page outlines forks by (None: each run's own)."""
     reader = None
     if lake is not None:
         from forksight.compose.lake_reads import tiered_reader
@@ -32,12 +32,12 @@ def create_app(store: Store, *, token: str | None = None, dashboard: bool = True
         reader = tiered_reader(store, lake)
     app = create_api(store, hub=hub, reader=reader)      # hub: the AlertHub (None: the environment's defaults)
     if dashboard:
-        _mount_dashboard(app, reader or store.reader)
+        _mount_dashboard(app, reader or store.reader, fork_rule)
     app.add_middleware(GuardMiddleware, token=token)
     return app
 
 
-def _mount_dashboard(app: FastAPI, reader: Reader) -> None:
+def _mount_dashboard(app: FastAPI, reader: Reader, fork_rule: str | None = None) -> None:
     # mounted after the /api routes, so they match first
     from a2wsgi import WSGIMiddleware
     from starlette.middleware.gzip import GZipMiddleware
@@ -46,7 +46,7 @@ def _mount_dashboard(app: FastAPI, reader: Reader) -> None:
     from forksight.dashboard.app import create_dash
 
     try:
-        dash_app = create_dash(reader, url_base="/")
+        dash_app = create_dash(reader, url_base="/", fork_rule=fork_rule)
     except Exception:  # noqa: BLE001 - a broken page must not take ingest down with it
         log.exception("forksight: the dashboard failed to start; serving the API only")
         return

@@ -25,6 +25,9 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--token", default=None,
                        help="require 'Authorization: Bearer TOKEN' on every request (default $FORKSIGHT_TOKEN)")
     serve.add_argument("--no-dashboard", action="store_true", help="serve the API only")
+    serve.add_argument("--fork-rule", default=None, metavar="RULE",
+                       help="outline forks on the tokens page under this rule for every run, from the stored H "
+                            "(abs:τ or top:q; default: each run's stored flags, its own rule)")
     serve.add_argument("--skip-verify", action="store_true",
                        help="start without reading every block of the file first (about 25 ms per million "
                        "rows); a damaged block is then found when a read reaches it, not at start")
@@ -88,6 +91,10 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         hub = _alert_hub(args)
         duckdb_config(args.memory_limit, args.threads)      # every setting is checked before the file
+        if args.fork_rule is not None:
+            from forksight.base.fork_rule import ForkRule
+
+            args.fork_rule = str(ForkRule.parse(args.fork_rule))
     except (ValueError, FileNotFoundError) as exc:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 2
@@ -118,7 +125,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if parts.lake is not None:
         _say_lake(lake_settings, parts.lake)
     try:
-        app = create_app(parts.store, token=token, dashboard=not args.no_dashboard, hub=hub, lake=parts.lake)
+        app = create_app(parts.store, token=token, dashboard=not args.no_dashboard, hub=hub, lake=parts.lake,
+                         fork_rule=args.fork_rule)
     except BaseException:
         parts.close()
         raise

@@ -26,14 +26,24 @@ HISTORY_STEPS = 24      # columns of the position × step heatmap (one read per 
 
 
 def _step_rows(reader: Reader, run_id: str, step: int, cache: LRU | None = None,
-               newest: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+               newest: int | None = None, fork_rule=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     def read():      # with the mismatch log ratio beside the stored columns (the mismatch colour)
-        return with_log_ratio(reader.read_tokens(run_id, step)), reader.read_samples(run_id, step=step)
+        return with_log_ratio(refork(reader.read_tokens(run_id, step), fork_rule)), \
+            reader.read_samples(run_id, step=step)
     # a past step's rows never change: the app caches them so the heatmap and slider stay
     # fast; the newest step may still get rows from other ranks, so it is read again
     if cache is None or (newest is not None and step >= newest):
         return read()
     return cache.get_or_compute((run_id, step), read)
+
+
+def refork(tokens: pd.DataFrame, rule) -> pd.DataFrame:
+    """The step's rows with `fork` under `rule` (`serve --fork-rule`: from the stored H, the threshold over
+    the step's stored rows), or as stored (None)."""
+    if rule is None or tokens.empty or "entropy" not in tokens:
+        return tokens
+    threshold = rule.threshold(tokens["entropy"].to_numpy(dtype="float64", na_value=float("nan")))
+    return tokens.assign(fork=tokens["entropy"] >= threshold)
 
 
 def scale_steps(reader: Reader, run_id: str, metric: str) -> list[int]:
@@ -92,14 +102,14 @@ def _rollout(row: dict, tokens: pd.DataFrame, metric: str, scale: TokenScale,
 
 def render_step(reader: Reader, run_id: str, step: int, choice: str | None, metric: str,
                 cache: LRU | None = None, scale: TokenScale | None = None,
-                newest: int | None = None) -> dict:
+                newest: int | None = None, fork_rule=None) -> dict:
     """Everything the page shows for one step and pick: options, prompt, the chosen
     completion as token spans on the run's scale, and the group's other rollouts."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
     if scale is None:
         scale = run_scale(reader, run_id, metric, None, cache)
-    tokens, samples = _step_rows(reader, run_id, int(step), cache, newest)
+    tokens, samples = _step_rows(reader, run_id, int(step), cache, newest, fork_rule)
     if metric == "delta":       # the step's probe rows beside its tokens (a few hundred rows)
         tokens = with_probes(tokens, reader.read_probes(run_id, int(step)))
     options = sample_options(tokens, samples)
@@ -307,14 +317,22 @@ def register(app: dash.Dash) -> None:
         if set(ctx.triggered_prop_ids) == {"tok-span.data"} and shown == [run_id, step]:
             return (no_update,) * 8     # new steps arrived, the shown one is unchanged
         scale = _scale(app_state, run_id, metric)
+        rule = app_state.fork_rule
         out = render_step(app_state.reader, run_id, step, choice or wanted, metric,
-                          app_state.token_rows, scale, newest=last)
+                          app_state.token_rows, scale, newest=last, fork_rule=rule)
         run = app_state.reader.run(run_id) or {}
         threshold = app_state.reader.steps_scalars(run_id, [step]).get(step, {}).get("fork/threshold")
+        note = fork_note(run.get("config"), threshold)
+        if rule is not None:          # serve --fork-rule: this rule over the step's stored rows, not the run's
+            stored = _step_rows(app_state.reader, run_id, step, app_state.token_rows, last, rule)[0]
+            threshold = rule.threshold(stored["entropy"].to_numpy(dtype="float64", na_value=float("nan"))) \
+                if len(stored) else None
+            note = f"{rule.describe(threshold)}, redrawn from the stored H (serve --fork-rule; the run's own: " \
+                   f"{fork_note(run.get('config'), None)})"
         shown = replace(scale, marks=((threshold, "fork"),)) if metric == "entropy" and threshold is not None \
             else scale                   # the bar marks this step's fork threshold under the run's rule
         return (out["options"], out["choice"], out["prompt"], out["main"], out["group"],
-                legend(shown, fork_note(run.get("config"), threshold)), f"step {step}", [run_id, step])
+                legend(shown, note), f"step {step}", [run_id, step])
 
     @app.callback(Output("tok-history", "figure"), Input("tok-prompt", "children"),
                   Input("tok-metric", "value"), Input("tok-span", "data"),
