@@ -336,6 +336,14 @@ def test_settings_come_from_trainer_forksight_and_refuse_unknown_names(monkeypat
     assert settings_from({"trainer": {"forksight": {"mirror": "none"}}})["mirror"] == "none"
     with pytest.raises(ValueError, match=r"unknown tracker\(s\) \['wandbb'\]"):
         settings_from({"trainer": {"forksight": {"mirror": "[wandbb]"}}})
+    # the reference set: the validation interval by default, else 25; a bad value said before the run
+    from forksight.hooks.integrations.verl_reference import reference_every
+
+    assert reference_every(settings, {"trainer": {"test_freq": 5}}) == 5
+    assert reference_every(settings, {"trainer": {"test_freq": -1}}) == 25
+    assert reference_every(settings_from({"trainer": {"forksight": {"reference_every": "0"}}}), {}) == 0
+    with pytest.raises(ValueError, match="reference_every must be >= 0"):
+        settings_from({"trainer": {"forksight": {"reference_every": -2}}})
 
 
 def test_mirror_writes_only_into_trackers_verl_opened(caplog):

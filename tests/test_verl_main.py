@@ -65,6 +65,9 @@ def main_run(tmp_path_factory, name: str, *args: str, trackers: bool = False):
 
 # the rollout's logits rounded to bf16, verl asked for the engine's log p of each sampled token
 SAMPLER = ("--sampler-logits", "bfloat16", "--set", "actor_rollout_ref.rollout.calculate_log_probs=True")
+# the reference set: 3 completions of the first step, re-scored by the workers after every update
+REFERENCE = ("--set", "+trainer.forksight.reference_every=1", "--set", "+trainer.forksight.reference_size=3",
+             "--set", "+trainer.forksight.reference_budget=100")
 # ratio bounds around the bf16 rounding's |log r| at the initial weights (median ~1e-4 on the tiny model)
 TIGHT = "1.0002"
 
@@ -83,7 +86,7 @@ def v1_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def legacy_run(tmp_path_factory):
     # verl's rejection sampling on: token_k1 keeps a token while its ratio stays in [1/1.0002, 1.0002]
-    return main_run(tmp_path_factory, "verl-legacy", "--steps", "2", "--legacy", *SAMPLER,
+    return main_run(tmp_path_factory, "verl-legacy", "--steps", "2", "--legacy", *SAMPLER, *REFERENCE,
                     "--set", "algorithm.rollout_correction.rollout_rs=token_k1",
                     "--set", f'algorithm.rollout_correction.rollout_rs_threshold="{1 / float(TIGHT):.7f}_{TIGHT}"')
 
@@ -91,7 +94,7 @@ def legacy_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def v1_mismatch_run(tmp_path_factory):
     # verl's token-level TIS on: IS weights above 1.0002 are truncated
-    return main_run(tmp_path_factory, "verl-v1-mismatch", "--steps", "2", *SAMPLER,
+    return main_run(tmp_path_factory, "verl-v1-mismatch", "--steps", "2", *SAMPLER, *REFERENCE,
                     "--set", "algorithm.rollout_correction.rollout_is=token",
                     "--set", f"algorithm.rollout_correction.rollout_is_threshold={TIGHT}")
 
@@ -271,3 +274,34 @@ def test_without_calculate_log_probs_nothing_of_the_sampler_is_stored(v1_run):
     assert query(db, "SELECT count(*) FROM scalars WHERE key LIKE 'mismatch/%' OR key LIKE 'rollout_corr/%'") == [(0,)]
     assert query(db, "SELECT count(*) FROM histograms WHERE key = 'mismatch_log_ratio'") == [(0,)]
     assert not (v1_run["out"] / "rollouts.jsonl").exists()
+
+
+@needs_verl
+@pytest.mark.parametrize("fixture", ["legacy_run", "v1_mismatch_run"])
+def test_the_reference_set_is_kept_from_the_first_step_and_rescored_by_the_workers(fixture, request):
+    run = request.getfixturevalue(fixture)
+    db = run["db"]
+    assert [s for (s,) in query(db, "SELECT DISTINCT step FROM reference ORDER BY step")] == [0, 1, 2]
+    base = query(db, "SELECT sample_id, pos, token_id, entropy, logp FROM reference WHERE step = 0 ORDER BY sample_id, pos")
+    assert {s for s, *_ in base} == {0, 1, 2} and any(p < 0 for _, p, *_ in base)          # prompts kept once
+    completion = [(s, p, t) for s, p, t, *_ in base if p >= 0]
+    for step in (1, 2):                                      # the same text, scored by the policy after `step` updates
+        rows = query(db, "SELECT sample_id, pos, token_id, entropy, renyi2, logp FROM reference WHERE step = ? "
+                         "ORDER BY sample_id, pos", step)
+        assert [(s, p, t) for s, p, t, *_ in rows] == completion
+        assert all(0 <= h2 <= h + 1e-5 and lp <= 1e-6 for *_, h, h2, lp in rows)            # 0 <= H2 <= H, log p <= 0
+    # the base is the first step's own old-log-prob pass: each completion's statistics are those the tokens
+    # table holds at step 1 for the row with that text (verl may reorder rows: matched by token ids)
+    by_text: dict[tuple, list] = {}
+    for sid, pos, tid, h, lp in query(db, "SELECT sample_id, pos, token_id, entropy, logp FROM tokens WHERE step = 1 "
+                                          "ORDER BY sample_id, pos"):
+        by_text.setdefault(sid, []).append((tid, h, lp))
+    stored = {tuple(t for t, *_ in rows): [(h, lp) for _, h, lp in rows] for rows in by_text.values()}
+    for sid in {s for s, *_ in base}:
+        mine = [(t, h, lp) for s, p, t, h, lp in base if s == sid and p >= 0]
+        want = stored[tuple(t for t, *_ in mine)]
+        assert [x for _, h, lp in mine for x in (h, lp)] == pytest.approx([x for pair in want for x in pair], abs=1e-6)
+    at = dict(query(db, "SELECT key, value FROM scalars WHERE step = 0 AND key LIKE 'ref/%'"))
+    assert at["ref/fork_overlap"] == 1.0 and at["ref/dh/mean"] == 0.0
+    moved = dict(query(db, "SELECT key, value FROM scalars WHERE step = 2 AND key LIKE 'ref/%'"))
+    assert moved["ref/dh/mean"] > 0 and moved["ref/tokens"] == len(completion)

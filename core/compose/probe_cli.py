@@ -13,7 +13,7 @@ import sys
 import uuid
 from typing import Any, Callable
 
-from forksight.compose.probe_source import ProbeInputError, add_run_source, open_source
+from forksight.compose.probe_source import ProbeInputError, add_run_source, open_source, reported
 
 # the run's completion length cap as each producer stores it: the bundled trainer, TRL, verl
 CAP_KEYS = ("max_new_tokens", "max_completion_length", "max_response_length")
@@ -120,22 +120,19 @@ def check_tokens(tokenizer, rows: list[dict], what: str = "--model") -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        if args.calibrate:
-            return _calibrate(args, open_source(args))
-        if args.store:
-            raise ProbeInputError("--store goes with --calibrate (it stores the calibrated fork rule)")
-        missing = [flag for flag, value in (("--step", args.step), ("--model", args.model),
-                                            ("--reward", args.reward)) if value is None]
-        if missing:
-            raise ProbeInputError(f"probing needs {', '.join(missing)} (or --calibrate, which reads stored probes)")
-        return _run(args, open_source(args))
-    except ProbeInputError as exc:
-        print(f"forksight probe: {exc}", file=sys.stderr)
-        return 2
-    except (RuntimeError, OSError) as exc:       # a store that cannot be opened, a collector that is down
-        print(f"forksight probe: {exc}", file=sys.stderr)
-        return 1
+    return reported("probe", lambda: _dispatch(args))
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.calibrate:
+        return _calibrate(args, open_source(args))
+    if args.store:
+        raise ProbeInputError("--store goes with --calibrate (it stores the calibrated fork rule)")
+    missing = [flag for flag, value in (("--step", args.step), ("--model", args.model),
+                                        ("--reward", args.reward)) if value is None]
+    if missing:
+        raise ProbeInputError(f"probing needs {', '.join(missing)} (or --calibrate, which reads stored probes)")
+    return _run(args, open_source(args))
 
 
 def _calibrate(args: argparse.Namespace, source) -> int:

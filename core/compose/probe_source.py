@@ -5,11 +5,26 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 
 class ProbeInputError(ValueError):
     """Input `forksight probe` cannot work with; the message names it and what to do."""
+
+
+def reported(command: str, work: Callable[[], int]) -> int:
+    """Run a stored-run command's work: bad input exits 2, a store that cannot be opened or a collector that
+    is down exits 1, each said on one line naming the command."""
+    import sys
+
+    try:
+        return work()
+    except ProbeInputError as exc:
+        print(f"forksight {command}: {exc}", file=sys.stderr)
+        return 2
+    except (RuntimeError, OSError) as exc:
+        print(f"forksight {command}: {exc}", file=sys.stderr)
+        return 1
 
 
 def _hint(steps: list[int]) -> str:

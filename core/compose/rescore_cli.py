@@ -14,10 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
-from forksight.compose.probe_source import ProbeInputError, add_run_source, open_source
+from forksight.compose.probe_source import ProbeInputError, add_run_source, open_source, reported
 
 CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)")
 
@@ -49,14 +48,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args, open_source(args))
-    except ProbeInputError as exc:
-        print(f"forksight rescore: {exc}", file=sys.stderr)
-        return 2
-    except (RuntimeError, OSError) as exc:       # a store that cannot be opened, a collector that is down
-        print(f"forksight rescore: {exc}", file=sys.stderr)
-        return 1
+    return reported("rescore", lambda: _run(args, open_source(args)))
 
 
 # ---------------------------------------------------------------------------- checkpoints

@@ -61,9 +61,9 @@ class ReferenceScorer:
             self._texts[token_id] = self._decode(token_id)
         return self._texts[token_id]
 
-    def rescore(self, model, step: int) -> dict[str, float] | None:
-        """Score the set with `model` as the policy of `step`; log its rows and ref/* scalars (returned).
-        None when skipped for the time budget."""
+    def rescore(self, model, step: int, score_fn: Callable[[], Scored] | None = None) -> dict[str, float] | None:
+        """Score the set with `model` as the policy of `step` (or take `score_fn()`'s scoring: verl's workers
+        score it); log its rows and ref/* scalars (returned). None when skipped for the time budget."""
         train = time.perf_counter() - self.started - self.spent
         if self.base is not None and self.budget is not None and self.last_seconds is not None \
                 and self.spent + self.last_seconds > self.budget * train:
@@ -76,8 +76,9 @@ class ReferenceScorer:
             self.sink.log_scalars(step, {"ref/skipped": 1.0})
             return None
         start = time.perf_counter()
-        scored = score(model, self.ref, temperature=self.temperature, batch_size=self.batch_size,
-                       pad_id=self.pad_id).with_forks(self.rule)
+        scored = (score_fn() if score_fn is not None else
+                  score(model, self.ref, temperature=self.temperature, batch_size=self.batch_size,
+                        pad_id=self.pad_id)).with_forks(self.rule)
         first = self.base is None
         if first:
             self.base = scored

@@ -19,8 +19,9 @@ Settings come from `+trainer.forksight.<name>=...` (or FORKSIGHT_<NAME>): url, d
 stop_on_alert, token_groups, correct_key, correct_threshold, allow_unknown_version, worker_stats
 (top-1/JS from the workers, default on), fork_rule (abs:τ or top:q, forksight.base.fork_rule), mirror and
 mirror_tokens_every (forksight's keys, alerts and token views in the other trackers `trainer.logger` names:
-hooks/integrations/verl_mirror.py). With neither url nor db, open_sink's default applies ($FORKSIGHT_URL,
-else an embedded collector).
+hooks/integrations/verl_mirror.py), reference_every, reference_size and reference_budget (the reference
+set, re-scored by the actor workers: hooks/integrations/verl_reference.py). With neither url nor db,
+open_sink's default applies ($FORKSIGHT_URL, else an embedded collector).
 """
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ TRL_NAMES = {"actor/pg_loss": "loss", "actor/grad_norm": "grad_norm", "actor/kl_
 
 _DEFAULTS = {"url": None, "db": None, "run": None, "project": None, "stop_on_alert": False, "token_groups": 1,
              "correct_key": "acc", "correct_threshold": 1.0, "allow_unknown_version": False, "worker_stats": True,
-             "fork_rule": "abs:0.672", "mirror": "auto", "mirror_tokens_every": 50}
+             "fork_rule": "abs:0.672", "mirror": "auto", "mirror_tokens_every": 50, "reference_every": None,
+             "reference_size": 32, "reference_budget": 0.02}
 
 
 def _truthy(value: Any) -> bool:
@@ -77,6 +79,13 @@ def settings_from(config: Mapping | None) -> dict[str, Any]:
     out["fork_rule"] = str(ForkRule.parse(out["fork_rule"]))     # a bad rule: said before the run starts
     out["mirror"] = mirror_setting(out["mirror"])                  # an unknown tracker: said before it starts
     out["mirror_tokens_every"] = int(out["mirror_tokens_every"])
+    if out["reference_every"] is not None:
+        out["reference_every"] = int(out["reference_every"])
+    out["reference_size"], out["reference_budget"] = int(out["reference_size"]), float(out["reference_budget"])
+    if (out["reference_every"] or 0) < 0 or out["reference_size"] < 1 or not out["reference_budget"] > 0:
+        raise ValueError("forksight.verl: reference_every must be >= 0 (0: off), reference_size >= 1 and "
+                         f"reference_budget > 0; got {out['reference_every']}, {out['reference_size']}, "
+                         f"{out['reference_budget']}")
     return out
 
 
@@ -140,6 +149,9 @@ class ForksightLogger:
         self.sink = open_sink(spec, url=s["url"], db=s["db"])
         # the other backends of verl's Tracking (name -> backend): forksight's keys and alerts go there too
         self.mirror = mirror_into(backends or {}, s["mirror"], self.sink, s["mirror_tokens_every"])
+        from forksight.hooks.integrations.verl_reference import VerlReference
+
+        self.reference = VerlReference(self.sink, s, config, decode=self._decode) if self.per_token else None
         self._reporter = None
         self._tokens: dict[str, Any] | None = None     # from _compute_old_log_prob, keyed by step
         self._batch: dict[str, Any] | None = None      # from compute_data_metrics
@@ -217,6 +229,10 @@ class ForksightLogger:
                 self.steps_reported += 1
             except Exception as exc:  # noqa: BLE001
                 log.warning("forksight: step %d's per-token records skipped (%r)", step, exc)
+            if self.reference is not None:
+                self.guard(self.reference.first_step, step, batch, tokens, self._mask_of(batch, tokens))
+        if self.reference is not None:                       # the step's update is done: a due re-scoring
+            self.guard(self.reference.after_step, STATE.trainer, step)
         if self.settings["stop_on_alert"]:
             # alerts come back from the writer asynchronously: wait for this step's, so a critical
             # alert at step s always stops the run before step s+1 generates (ms per step)
@@ -250,6 +266,17 @@ class ForksightLogger:
         self.sink.finish(status=status)
 
     # ------------------------------------------------------------------ one step's records
+    @staticmethod
+    def _mask_of(batch: dict, tokens: dict | None):
+        """The rows' response mask as report() uses it (before verl's rejection sampling when known)."""
+        kept = batch["tensors"]["response_mask"].bool()
+        before = tokens.get("response_mask") if tokens else None
+        return before.bool() if before is not None and tuple(before.shape) == tuple(kept.shape) else kept
+
+    def _decode(self, token_id: int) -> str | None:
+        tokenizer = self._reporter.tokenizer if self._reporter is not None else None
+        return tokenizer.decode([token_id]) if tokenizer is not None else None
+
     def _tokenizer(self):
         tokenizer = getattr(STATE.trainer, "tokenizer", None)
         if tokenizer is None and self.model_path and os.path.isdir(str(self.model_path)):
@@ -278,10 +305,9 @@ class ForksightLogger:
         tensors, non_tensor = batch["tensors"], batch["non_tensor"]
         responses = tensors["responses"]
         kept = tensors["response_mask"].bool()
-        before = tokens.get("response_mask") if tokens else None
         # verl's rejection sampling (rollout_rs) zeroes rejected tokens of the batch's response_mask;
         # the mask from before keeps them in the samples and token rows, as verl's actor/entropy does
-        mask = before.bool() if before is not None and tuple(before.shape) == tuple(kept.shape) else kept
+        mask = self._mask_of(batch, tokens)
         uids = list(non_tensor["uid"])
         first_seen = {uid: k for k, uid in enumerate(dict.fromkeys(uids))}
         group_ids = [first_seen[u] for u in uids]
