@@ -55,6 +55,29 @@ def words_table(pairs: pd.DataFrame) -> list[dict]:
     return rounded.sort_values(["count", "token"], ascending=[False, True]).to_dict("records")
 
 
+def training_words(reader: Reader, run_id: str, step: int, window: int = 10) -> tuple[list[dict], str]:
+    """The words of the stored training tokens (the writer's aggregate, GET /words): the run's first `window`
+    token steps against the `window` steps up to `step`, per string: count now, fork share and mean H then
+    and now; and a caption naming the windows."""
+    n, first, _ = reader.token_step_span(run_id)
+    if not n:
+        return [], "no stored training tokens in this run"
+    start = (first, first + window - 1)
+    now = (max(first, step - window + 1), max(step, first))
+    a = reader.read_words(run_id, *start, limit=500).set_index("token")
+    b = reader.read_words(run_id, *now, limit=500).set_index("token")
+    table = pd.DataFrame({"count": b["count"], "fork_share_base": a["fork_share"], "fork_share_now": b["fork_share"],
+                          "entropy_base": a["entropy_mean"], "entropy_now": b["entropy_mean"]}).dropna(subset=["count"])
+    table["dh"] = table["entropy_now"] - table["entropy_base"]
+    table = table.reset_index().rename(columns={"index": "token"})
+    table["token"] = table["token"].map(shown_word)
+    table["count"] = table["count"].astype(int)
+    rounded = table.round({c: 4 for c in WORD_COLUMNS[2:]}).astype(object).where(table.notna(), None)
+    caption = (f"training tokens (the writer's per-step aggregate): 'base' = steps {start[0]}–{start[1]}, "
+               f"'now' = steps {now[0]}–{now[1]}")
+    return rounded.sort_values(["count", "token"], ascending=[False, True]).to_dict("records"), caption
+
+
 def completion(rows: pd.DataFrame, column: str, fork: str, metric: str, scale: TokenScale,
                word: str | None) -> list:
     """One completion's spans: `column` coloured on `scale`, `fork` outlined, the picked word marked."""

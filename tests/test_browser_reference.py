@@ -124,3 +124,21 @@ def test_model_text_that_is_markup_is_shown_not_run(served, page):
     page.wait_for_selector("#ref-words td", timeout=30_000)
     assert "<img␣src=x␣onerror=alert(1)>" in page.inner_text("#ref-words")      # spaces shown as ␣
     assert page.evaluate("() => document.querySelectorAll('#ref-words img').length") == 0
+
+
+def test_the_training_words_come_from_the_writers_aggregate(served, page):
+    srv, _ = served
+    _open(page, srv, f"run=refrun&step={STEP}&sample=0")
+    page.click("#ref-words-of input[value=training]")
+    page.wait_for_function("() => document.querySelector('#ref-words-caption').innerText.includes('training tokens')",
+                           timeout=30_000)
+    caption = page.inner_text("#ref-words-caption")
+    assert "'base' = steps 1–10" in caption and f"'now' = steps 1–{STEP}" in caption
+    page.wait_for_function("() => document.querySelectorAll('#ref-words td').length > 0", timeout=30_000)
+    shown = page.evaluate("() => Array.from(document.querySelectorAll('#ref-words tbody tr'), "
+                          "r => Array.from(r.querySelectorAll('td'), c => c.innerText)).filter(r => r.length)")
+    words = {repr(w["token"])[1:-1].replace(" ", "␣"): w for w in api(srv, "refrun/words", start=1, end=STEP, limit=500)}
+    assert len(shown) > 3
+    for token, count, *_ in shown[:10]:
+        assert int(count) == words[token]["count"]
+    assert page.errors == []

@@ -9,7 +9,7 @@ from dash import Input, Output, State, dash_table, dcc, html, no_update
 
 from forksight.dashboard import data
 from forksight.dashboard.figures import empty_figure
-from forksight.dashboard.reference_view import WORD_COLUMNS, holder_links, view
+from forksight.dashboard.reference_view import WORD_COLUMNS, holder_links, training_words, view
 from forksight.dashboard.run_options import run_options, searchable
 from forksight.dashboard.run_view import vocab_size
 from forksight.dashboard.token_figures import REFERENCE_METRICS
@@ -62,7 +62,13 @@ def layout(run: str | None = None, step: str | None = None, sample: str | None =
         html.Div(className="mismatch-row", children=[
             html.Div(dcc.Graph(id="ref-deciles", config=_CONFIG, figure=empty_figure("", 40))),
             html.Div(dcc.Graph(id="ref-scatter", config=_CONFIG, figure=empty_figure("", 40)))]),
-        html.H4("Words of the reference set (click one: its completions)"),
+        html.Div(className="controls", children=[html.Div([
+            html.Label("words of"),
+            dcc.RadioItems(id="ref-words-of", inline=True, value="reference",
+                           options=[{"label": " the reference set (click a word: its completions)", "value": "reference"},
+                                    {"label": " the training tokens, the first steps against those up to this step",
+                                     "value": "training"}])], className="control")]),
+        html.P(id="ref-words-caption", className="page-note"),
         html.Div(id="ref-holders", className="word-holders"),
         dash_table.DataTable(id="ref-words", columns=[{"name": HEADERS[c], "id": c} for c in WORD_COLUMNS],
                              data=[], sort_action="native", page_size=25, style_table={"overflowX": "auto"},
@@ -87,26 +93,31 @@ def register(app: dash.Dash) -> None:
                   Output("ref-top", "children"), Output("ref-bottom-head", "children"), Output("ref-bottom", "children"),
                   Output("ref-legend", "children"), Output("ref-deciles", "figure"), Output("ref-scatter", "figure"),
                   Output("ref-words", "data"), Output("ref-holders", "children"), Output("ref-note", "children"),
+                  Output("ref-words-caption", "children"),
                   Input("ref-run", "value"), Input("ref-step", "value"), Input("ref-sample", "value"),
-                  Input("ref-metric", "value"), Input("ref-word", "data"), State("ref-want", "data"))
-    def show(run_id, step, sample, metric, word, want):
+                  Input("ref-metric", "value"), Input("ref-word", "data"), Input("ref-words-of", "value"),
+                  State("ref-want", "data"))
+    def show(run_id, step, sample, metric, word, words_of, want):
         want = want if isinstance(want, dict) else {}
         step = want.get("step") if step is None else step
         sample = want.get("sample") if sample is None else sample
         reader = data.reader()
         if not isinstance(run_id, str) or not reader.has_run(run_id):
             return ([], None, [], None, "", "", [], "", [], [], empty_figure("", 40), empty_figure("", 40), [], [],
-                    html.P("pick a run above", className="notice"))
+                    html.P("pick a run above", className="notice"), "")
         out = view(reader, run_id, _int(step), _int(sample), metric if metric in REFERENCE_METRICS else "entropy",
                    word if isinstance(word, str) else None, vocab_size(reader.run(run_id)))
         if not out["steps"]:
             return ([], None, [], None, "", "", [], "", [], [], empty_figure("", 40), empty_figure("", 40), [], [],
-                    html.P(out["note"], className="notice"))
+                    html.P(out["note"], className="notice"), "")
         steps = [{"label": f"step {s}" + (" (base)" if s == out["base"] else ""), "value": s} for s in out["steps"]]
         samples = [{"label": f"#{s}", "value": s} for s in out["samples"]]
         href = dash.get_relative_path
+        words, caption = (out["words"], "the reference set: 'base' at the base step, 'now' at this step")
+        if words_of == "training":
+            words, caption = training_words(reader, run_id, out["step"])
         return (steps, out["step"], samples, out["sample"], out["prompt"], f"at the base (step {out['base']})",
                 out["top"], f"at step {out['step']}" + (" — ΔH from the base" if metric == "dh" else ""),
                 out["bottom"], legend(out["scale"], "fork under the run's rule at that step"), out["deciles"],
-                out["scatter"], out["words"], holder_links(out["holders"], run_id, out["step"], word, href)
-                if isinstance(word, str) else [], None)
+                out["scatter"], words, holder_links(out["holders"], run_id, out["step"], word, href)
+                if isinstance(word, str) and words_of != "training" else [], None, caption)
