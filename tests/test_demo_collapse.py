@@ -23,7 +23,7 @@ def measure(strategy: str, out_dir) -> tuple[int | None, int | None]:
                                             "token_groups": 0, "out_dir": str(out_dir)})
     sink = Scalars("collapse")
     train(config, sink=sink)
-    steps = sorted(sink.rows)
+    steps = sorted(s for s in sink.rows if s > 0)      # step 0 holds the reference set's base (ref/*) only
     h = np.array([sink.rows[s]["entropy/mean"] for s in steps])
     below = np.flatnonzero(h < 0.1 * h[:5].mean())
     monitor = AlertMonitor(vocab_size=TinySpec().bpe_vocab_size)   # the log|V| the collector gets

@@ -177,7 +177,9 @@ def test_stop_on_alert_ends_the_verl_run_cleanly_streaming_to_a_collector(tmp_pa
     assert summary["steps_run"] == 3                           # step 4 never generated
     assert query(db, "SELECT status FROM runs") == [("stopped",)]
     assert query(db, "SELECT step, detector, severity FROM alerts") == [(2, "non_finite", "critical")]
-    assert query(db, "SELECT max(step), count(DISTINCT step) FROM scalars") == [(3, 3)]
+    # steps 1-3 trained (step 0: the reference set's base, ref/* only)
+    assert query(db, "SELECT max(step), count(DISTINCT step) FROM scalars WHERE step > 0") == [(3, 3)]
+    assert query(db, "SELECT count(*) FROM scalars WHERE step = 0 AND key NOT LIKE 'ref/%'") == [(0,)]
     tokens, with_top1, with_js = query(db, "SELECT count(*), count(top1), count(js) FROM tokens")[0]
     assert tokens > 0 and with_top1 == tokens and with_js == 0
     assert query(db, "SELECT count(*) FROM scalars WHERE key = 'js/mean'") == [(0,)]

@@ -131,8 +131,11 @@ def test_v1_default_trainer_streams_token_level_data_and_stops_on_a_critical_ale
     db = v1_run["db"]
     assert query(db, "SELECT run_id, status, strategy FROM runs") == [("verl-v1", "stopped", "verl-grpo")]
     assert query(db, "SELECT step, detector, severity FROM alerts") == [(2, "non_finite", "critical")]
-    steps = [s for (s,) in query(db, "SELECT DISTINCT step FROM scalars ORDER BY step")]
+    steps = [s for (s,) in query(db, "SELECT DISTINCT step FROM scalars WHERE step > 0 ORDER BY step")]
     assert steps == [1, 2, 3]                 # step 2's NaN is judged when step 3 arrives; step 4 never runs
+    # step 0: the reference set's base only (kept from step 1 by default; re-scored every 25 steps)
+    assert {k for (k,) in query(db, "SELECT DISTINCT key FROM scalars WHERE step = 0")} >= {"ref/fork_overlap"}
+    assert query(db, "SELECT count(*) FROM scalars WHERE step = 0 AND key NOT LIKE 'ref/%'") == [(0,)]
     check_entropy_as_verl_aggregates_it(db, steps)
     # Rényi-2 (verl's Σp², asked for with actor.calculate_sum_pi_squared), top-1 and JS (the
     # workers' old-log-prob pass) for every token; H2 <= H
