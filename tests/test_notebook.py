@@ -57,6 +57,11 @@ def test_load_returns_the_stored_scalars_tokens_samples_and_alerts(stored):
     assert tables.wide().loc[steps[-1], "entropy/mean"] == pytest.approx(mean.v.iloc[-1])
     assert tables.arrow()["tokens"].num_rows == len(rows)
     assert tables.config.get("task") == "collapse"
+    # the reference set kept at step 0 (the bundled trainer keeps one by default), every stored row
+    ref = _sql(stored, "SELECT step, sample_id, pos, token_id FROM reference WHERE run_id = ? "
+                       "ORDER BY step, sample_id, pos", RUN)
+    cols = ["step", "sample_id", "pos", "token_id"]
+    assert len(ref) > 0 and tables.reference.sort_values(cols[:3])[cols].values.tolist() == ref.values.tolist()
 
 
 def test_show_draws_the_run_pages_figures_from_the_stored_numbers(stored):
@@ -87,6 +92,8 @@ def test_a_collector_gives_the_same_figures_and_tables_with_its_token(stored):
     cols = ["step", "sample_id", "pos", "token_id"]
     assert url_tables.tokens[cols].values.tolist() == file_tables.tokens.sort_values(cols[:3])[cols].values.tolist()
     assert url_tokens.step == file_tokens.step and url_tokens.html == file_tokens.html
+    assert url_tables.reference[cols].values.tolist() == \
+        file_tables.reference.sort_values(cols[:3])[cols].values.tolist() and len(url_tables.reference)
 
 
 def test_a_notebook_executed_headless_shows_the_figures_and_the_tokens(stored, tmp_path):

@@ -134,7 +134,9 @@ def show_tokens(run: str, step: int | None = None, *, db: str | None = None, url
 @dataclass
 class RunTables:
     """A run's tables: `scalars` (key, step, value, wall_time; `.wide()` one column per key),
-    `tokens` (the token rows of `token_steps`), `samples`, `alerts`, and its `config`."""
+    `tokens` (the token rows of `token_steps`), `samples`, `alerts`, its `config`, and `reference` (its
+    reference set at every re-scored step: step, sample_id, pos, token_id, token, entropy, renyi2, logp,
+    fork; empty for a run without one)."""
 
     run: str
     config: dict
@@ -143,6 +145,7 @@ class RunTables:
     samples: pd.DataFrame
     alerts: pd.DataFrame
     token_steps: list[int] = field(default_factory=list)
+    reference: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def wide(self) -> pd.DataFrame:
         """The scalars as one row per step, one column per key."""
@@ -155,7 +158,7 @@ class RunTables:
         import pyarrow as pa
 
         return {name: pa.Table.from_pandas(getattr(self, name), preserve_index=False)
-                for name in ("scalars", "tokens", "samples", "alerts")}
+                for name in ("scalars", "tokens", "samples", "alerts", "reference")}
 
 
 def load(run: str, *, db: str | None = None, url: str | None = None, token: str | None = None,
@@ -179,9 +182,11 @@ def load(run: str, *, db: str | None = None, url: str | None = None, token: str 
         tokens = [reader.read_tokens(run, s) for s in steps]
         samples = [reader.read_samples(run, step=s) for s in steps]
         alerts = reader.read_alerts(run)
+        reference = [reader.read_reference(run, s) for s in reader.reference_steps(run)]
     return RunTables(run, found.get("config") or {}, scalars,
                      pd.concat(tokens, ignore_index=True) if tokens else pd.DataFrame(),
-                     pd.concat(samples, ignore_index=True) if samples else pd.DataFrame(), alerts, steps)
+                     pd.concat(samples, ignore_index=True) if samples else pd.DataFrame(), alerts, steps,
+                     pd.concat(reference, ignore_index=True) if reference else pd.DataFrame())
 
 
 def _spread(steps: list[int], n: int) -> list[int]:
