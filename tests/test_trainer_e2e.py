@@ -83,7 +83,8 @@ def test_resume_continues_the_step_count(tmp_path):
     with Store(str(tmp_path / "t.duckdb")) as store:
         steps = sorted(set(store.reader.read_scalars(resumed.run_id).step))
         assert len(store.reader.list_runs()) == 1
-    assert steps == [1, 2, 3]  # steps 1-2 from the first process, step 3 from the resumed one
+    # steps 1-2 from the first process, step 3 from the resumed one; step 0: the reference set's base, once
+    assert steps == [0, 1, 2, 3]
 
 
 @pytest.mark.trajectory

@@ -77,7 +77,9 @@ def tool_run(tiny_model_path, tmp_path_factory):
     probe = LogProbe()
     trainer.add_callback(probe)
     sink = LocalSink(str(tmp / "t.duckdb"), "tools")
-    callback = forksight.trl.attach(trainer, sink=sink, js_groups="all")
+    # generate is scripted below: a reference set sampled when training begins would take the script's first
+    # answers, so this run keeps none (the reference set's own tests: tests/test_reference_trl.py)
+    callback = forksight.trl.attach(trainer, sink=sink, js_groups="all", reference_every=0)
     call = '<tool_call>\n{"name": "multiply_tool", "arguments": {"a": 3, "b": 4}}\n</tool_call><|im_end|>'
     wrong = '<tool_call>\n{"name": "multiply_tool", "arguments": {"a": 3, "c": 4}}\n</tool_call><|im_end|>'
     fake = scripted_generate(tokenizer, [call, wrong, "I don't know any tool<|im_end|>"], "Done!<|im_end|>")
