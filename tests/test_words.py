@@ -106,3 +106,10 @@ def http_srv(tmp_path):
 
     with InProcessCollector(tmp_path / "r.duckdb") as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
         yield srv, http
+
+
+def test_serve_refuses_a_words_bound_below_one(tmp_path, capsys):
+    from forksight.compose.cli import main
+
+    assert main(["serve", "--db", str(tmp_path / "w.duckdb"), "--words-per-step", "0"]) == 2
+    assert "--words-per-step must be >= 1, got 0" in capsys.readouterr().err and not (tmp_path / "w.duckdb").exists()

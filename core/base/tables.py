@@ -260,7 +260,7 @@ TOKEN_STEPS = Table("token_steps", (_run_id(), _step()), primary_key=("run_id", 
 SCALAR_KEYS = Table("scalar_keys", (_run_id(), Column("key", pa.string(), "scalar name", wire=False)),
                     primary_key=("run_id", "key"))
 # tokens by what they are (monitor/collector/words.py): per run, step and decoded token string, kept by the
-# writer from the stored token rows of each batch — only the batch's top strings by count and by forks,
+# writer from the stored token rows of each batch — only the batch's top strings by count and by fork share,
 # so the table stays bounded whatever the run's length
 WORDS = Table("words", (
     _run_id(), _step(),

@@ -25,6 +25,9 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--token", default=None,
                        help="require 'Authorization: Bearer TOKEN' on every request (default $FORKSIGHT_TOKEN)")
     serve.add_argument("--no-dashboard", action="store_true", help="serve the API only")
+    serve.add_argument("--words-per-step", type=int, default=None, metavar="N",
+                       help="token strings the words aggregate keeps per step, by count and by fork share "
+                            "(default 100)")
     serve.add_argument("--fork-rule", default=None, metavar="RULE",
                        help="outline forks on the tokens page under this rule for every run, from the stored H "
                             "(abs:τ or top:q; default: each run's stored flags, its own rule)")
@@ -91,6 +94,8 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         hub = _alert_hub(args)
         duckdb_config(args.memory_limit, args.threads)      # every setting is checked before the file
+        if args.words_per_step is not None and args.words_per_step < 1:
+            raise ValueError(f"--words-per-step must be >= 1, got {args.words_per_step}")
         if args.fork_rule is not None:
             from forksight.base.fork_rule import ForkRule
 
@@ -118,7 +123,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     try:
         parts = CollectorParts(args.db, lake_settings=lake_settings, catalog=catalog, verify=not args.skip_verify,
-                               memory_limit=args.memory_limit, threads=args.threads)
+                               memory_limit=args.memory_limit, threads=args.threads,
+                               **({"words_per_step": args.words_per_step} if args.words_per_step else {}))
     except RuntimeError as exc:
         print(f"forksight serve: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, LakeError) else 1

@@ -134,7 +134,7 @@ def read_routes(reader: Reader, has_run: Callable[[str], bool]) -> APIRouter:
               min_count: int = Query(1, ge=1, le=INT64_MAX, description="only strings seen at least this often"),
               limit: int = Query(200, ge=1, le=10_000)) -> Response:
         """Tokens by what they are: per decoded token string, over the stored token rows of steps
-        start..end (inclusive; the writer keeps each step's top strings by count and by forks), its
+        start..end (inclusive; the writer keeps each step's top strings by count and by fork share), its
         count, forks, fork_share and entropy_mean; with reference_step, over the reference set as the
         policy of that step scores it (the same text at every step)."""
         if reference_step is not None:

@@ -89,7 +89,7 @@ class Store(StoreHealth):
         """verify: read every block once on open (about 25 ms per million token rows).
         memory_limit ('2GB', '512MiB') and threads cap DuckDB in this process (its defaults:
         80% of RAM, every core), e.g. a collector sharing a node with a training job.
-        words_per_step: token strings kept per step in the words aggregate (by count and by forks)."""
+        words_per_step: token strings kept per step in the words aggregate (by count and by fork share)."""
         if words_per_step < 1:
             raise ValueError(f"words_per_step must be >= 1, got {words_per_step}")
         self.words_per_step = words_per_step

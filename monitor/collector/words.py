@@ -1,8 +1,8 @@
 """Tokens by what they are (issue 48 item 4): which strings fork, and how each string's entropy moves.
 The writer keeps, per run, step and decoded token string, the stored occurrences, how many were forks,
 and the sum of their entropies (`add_words`, at ingest of every token batch) — only the batch's top
-`per_step` strings by count and its top `per_step` by forks, so the table stays bounded (≤ 2·per_step
-rows a step) at 100k steps. A read sums a step window (`WordReads.read_words`); the reference set's
+`per_step` strings by count and its top `per_step` by fork share (ties: the more frequent), so the table
+stays bounded (≤ 2·per_step rows a step) at 100k steps (`forksight serve --words-per-step N`). A read sums a step window (`WordReads.read_words`); the reference set's
 words at a step come straight from its rows (`WordReads.reference_words`: the same text at every step,
 so a word's H moves only with the policy)."""
 from __future__ import annotations
@@ -39,7 +39,7 @@ def add_words(cur, run_id: str, tokens: pa.Table, per_step: int = WORDS_PER_STEP
                        {h[1]}::DOUBLE AS entropy_sum
                 FROM _forksight_words WHERE {token} IS NOT NULL GROUP BY ALL)
             QUALIFY row_number() OVER (PARTITION BY step ORDER BY count DESC, token) <= ?
-                 OR row_number() OVER (PARTITION BY step ORDER BY forks DESC, token) <= ?
+                 OR row_number() OVER (PARTITION BY step ORDER BY forks / count DESC, count DESC, token) <= ?
             ON CONFLICT DO UPDATE SET count = count + excluded.count, forks = forks + excluded.forks,
                 h_count = h_count + excluded.h_count, entropy_sum = entropy_sum + excluded.entropy_sum""",
                     [run_id, per_step, per_step])
