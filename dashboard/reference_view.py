@@ -16,10 +16,11 @@ from forksight.dashboard.tokens_view import token_spans
 WORD_COLUMNS = ("token", "count", "fork_share_base", "fork_share_now", "entropy_base", "entropy_now", "dh")
 
 
-def base_step(reader: Reader, run_id: str, steps: list[int]) -> int | None:
-    """The step whose rows hold the set's prompts (its base; usually the first re-scored)."""
+def base_step(rows_at, steps: list[int]) -> int | None:
+    """The step whose rows hold the set's prompts (its base; usually the first re-scored); `rows_at(step)`
+    reads a step's rows."""
     for step in steps:
-        if (reader.read_reference(run_id, step, limit=200_000)["pos"] < 0).any():
+        if (rows_at(step)["pos"] < 0).any():
             return step
     return steps[0] if steps else None
 
@@ -95,28 +96,35 @@ def view(reader: Reader, run_id: str, step: int | None, sample: int | None, metr
          word: str | None = None, vocab_size: int | None = None) -> dict:
     """Everything the page shows for a run, a re-scored step and one completion of the set."""
     steps = reader.reference_steps(run_id)
-    base = base_step(reader, run_id, steps)
+    read: dict[int, pd.DataFrame] = {}
+
+    def rows_at(s: int) -> pd.DataFrame:          # each step read once per view (the base, this step, the ends)
+        if s not in read:
+            read[s] = reader.read_reference(run_id, s)
+        return read[s]
+
+    base = base_step(rows_at, steps)
     if base is None:
         return {"steps": [], "note": "this run keeps no reference set: --reference-every N while training, or "
                                      "forksight rescore on its checkpoints"}
     later = [s for s in steps if s != base] or [base]
     step = step if step in steps else later[-1]
-    base_rows = reader.read_reference(run_id, base)
-    pairs = joined(base_rows, reader.read_reference(run_id, step))
+    base_rows = rows_at(base)
+    pairs = joined(base_rows, rows_at(step))
     samples = sorted(pairs["sample_id"].unique().tolist())
     sample = sample if sample in samples else (samples[0] if samples else None)
     prompts = base_rows[base_rows["pos"] < 0].sort_values(["sample_id", "pos"])
     prompt = "".join(str(t) for t in prompts[prompts["sample_id"] == sample]["token"].fillna(""))
     h_scale = token_scale(pairs["entropy_base"].to_numpy(np.float64), "entropy", vocab_size=vocab_size,
                           steps=[base])
-    last = joined(base_rows, reader.read_reference(run_id, later[-1])) if later[-1] != step else pairs
+    last = joined(base_rows, rows_at(later[-1])) if later[-1] != step else pairs
     dh_scale = token_scale(last["dh"].to_numpy(np.float64), "dh", steps=[later[-1]])
     mine = pairs[pairs["sample_id"] == sample]
     top = completion(mine, "entropy_base", "fork_base", "entropy", h_scale, word)
     bottom = completion(mine, "entropy_now" if metric == "entropy" else "dh", "fork_now", metric,
                         h_scale if metric == "entropy" else dh_scale, word)
     first = [s for s in later if s != base][:1]
-    first_pairs = joined(base_rows, reader.read_reference(run_id, first[0])) if first and first[0] != step else None
+    first_pairs = joined(base_rows, rows_at(first[0])) if first and first[0] != step else None
     b, n = pairs["entropy_base"].to_numpy(np.float64), pairs["entropy_now"].to_numpy(np.float64)
     holders = pairs[pairs["token"].map(lambda t: shown_word(t) == word)] if word else pairs[:0]
     return {"steps": steps, "base": base, "step": step, "samples": samples, "sample": sample, "prompt": prompt,
