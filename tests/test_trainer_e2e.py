@@ -150,3 +150,28 @@ def test_ctrl_c_saves_flushes_and_marks_the_run_stopped(tmp_path):
         assert runs_df.status.tolist() == ["stopped"]
         stored_steps = set(store.reader.read_scalars("sigint", keys=["loss"]).step)
     assert max(stored_steps) == summary["steps"]  # everything trained was flushed
+
+
+def test_a_ctrl_c_landing_as_a_step_ends_reports_that_step(tmp_path, monkeypatch):
+    """The demo's CI failure: SIGINT arrived as the step's handlers were restored, the raise
+    came on the way out of the atomic step, and the run reported one step fewer than it
+    streamed. Here that signal lands at the end of step 2, every time."""
+    import forksight.trainer.loop as loop
+    from trainer_util import Scalars
+
+    exit_step = loop._StopRequest.__exit__
+    exits = []
+
+    def exit_then_interrupt(self, *exc):
+        exit_step(self, *exc)
+        exits.append(1)
+        if len(exits) == 2:       # the default handler, back in place, raises at once
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop._StopRequest, "__exit__", exit_then_interrupt)
+    sink = Scalars("late-sigint")
+    result = train(load_config(preset="tiny-test", overrides=dict(
+        steps=5, out_dir=str(tmp_path / "runs"), run="late-sigint", eval_every=0, reference_every=0)),
+        sink=sink)
+    trained = max(step for step, row in sink.rows.items() if "loss" in row)
+    assert trained == 2 and result.steps == trained and result.stopped_early

@@ -245,7 +245,9 @@ def train(config: TrainConfig, sink: Sink | None = None) -> TrainResult:
                 raise KeyboardInterrupt
             with stop_request:  # a step is atomic: Ctrl-C ends the run after it, not inside it
                 scalars = train_step(ctx, step)
-            done = step
+                # counted inside: a signal landing as the handlers are restored raises on the way
+                # out, and the step whose records were streamed must still be the one reported
+                done = step
             if trackers is not None:
                 trackers.step(step, scalars, ctx.reporter.last_tokens)
             bar.update(1)
