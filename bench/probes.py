@@ -1,16 +1,18 @@
-"""Value probes on the readable preset (docs/algorithms.md §12): do the fork tokens (H >= 0.672), ICT's
-JS tokens or the run's own selection coincide with the tokens whose choice changes the expected
-reward? For strategies all/fork/ict at the sweep's chosen lr and at the preset's, each run probes
-P completions at step 1 and every N steps (every position, K continuations), and the JSON reports
-per run: pivotal tokens per completion, fork precision (share of forks that are pivotal) and recall
-(share of pivotal tokens that are forks), each selection rule's recall against the random rule's,
-Spearman rho(H, |delta|), first probe vs last, and the probe's cost; pooled over runs: precision and
-recall of "H >= tau" for several tau, 0.672 among them.
+"""A study with the power to say which rule finds the pivotal tokens (docs/algorithms.md §12, issue 50
+item 3). Plain GRPO on the readable preset at the sweep's lr and the preset's (where it collapses), for
+each RL seed: every `--every` steps the bundled trainer probes `--samples` of the step's completions
+(undecided groups first) and as many held-out ones (problems whose verdicts differ first), every position,
+K continuations. Beside each probe the bench records, with the same policy, each probed token's ICT JS
+(to its group's mean), top-1 margin (p1 - p2) and the step's H quantiles (a wrapper around the trainer's
+own probe calls: the trained trajectory is unchanged). bench/probe_rules.py then scores every rule on the
+same completions with bootstrap intervals: pooled, by phase (start, middle, end), by split, by lr, and
+around the preset-lr runs' first entropy-collapse alert.
 
-    python bench/probes.py --out docs/probes.json            # seed 0 (~15 min on 2 busy cores)
-    python bench/probes.py --seeds 0,1,2 --out docs/probes.json
+    python bench/probes.py --out docs/probes.json --markdown docs/probes.md     # ~40 min on 2 cores
+    python bench/probes.py --render docs/probes.json --markdown docs/probes.md  # the page only
 
-Every run starts from the seed-0 warm-up (cached); --seeds changes the RL phase's seed only."""
+Every run starts from the seed-0 warm-up (cached); --seeds changes the RL phase's seed only; runs go
+--jobs at a time, one thread each."""
 from __future__ import annotations
 
 import argparse
@@ -28,68 +30,108 @@ from readable_warm import warm_model
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-RULES = ("fork", "ict", "random", "own")
 TAUS = (0.1, 0.3, 0.672, 1.0, 1.5)
 
 
-def _one(model: str, strategy: str, lr: float, seed: int, args, work: Path) -> tuple:
+STUDY = dict(eval_every=25, eval_problems=16, eval_samples=4)   # held-out completions at every probe
+
+
+def _signals(ctx, roll, groups: list[int], base: int) -> dict:
+    """sample_id -> the probed tokens' JS, margin and the step's H quantiles, as the policy now sees them."""
+    import torch
+
+    from forksight.hooks import metrics
+    from forksight.trainer.rollout import completion_logits
+
+    with torch.no_grad():
+        logits = completion_logits(ctx.model, roll.input_ids, roll.attention_mask, roll.prompt_len).float()
+        t = ctx.config.temperature
+        stats = metrics.token_stats(logits, mask=roll.mask, tokens=roll.completion, temperature=t,
+                                    group_ids=torch.tensor(groups))
+        top2 = torch.softmax(logits / t, dim=-1).topk(2, dim=-1).values
+    margin = top2[..., 0] - top2[..., 1]
+    valid = roll.mask.bool()
+    h = stats.entropy[valid].double()
+    quantiles = {f"h_q{round(q * 100)}": float(torch.quantile(h, 1 - q)) for q in (0.1, 0.2, 0.3)}
+    out = {}
+    for i in range(roll.completion.shape[0]):
+        n = int(valid[i].sum())
+        out[base + i] = {"entropy_check": stats.entropy[i, :n].tolist(), "margin": margin[i, :n].tolist(),
+                         "js": stats.js[i, :n].tolist() if stats.js is not None else [float("nan")] * n,
+                         **quantiles}
+    return out
+
+
+def _one(job: tuple) -> tuple:
+    """One run (in its own process): its record and its probed tokens with the study's columns."""
+    model, strategy, which, lr, seed, args = job
+    import tempfile
+
+    import pandas as pd
+    import torch
+
+    torch.set_num_threads(1)
+    import forksight.trainer.probe as trainer_probe
     from forksight.monitor.collector.store import Store
     from forksight.trainer.config import load_config
     from forksight.trainer.loop import train
 
-    name = f"{strategy}-lr{lr:g}-s{seed}"
-    db = str(work / f"{name}.duckdb")
-    config = load_config(preset="readable", overrides=dict(
-        model=model, warmup=False, strategy=strategy, lr=lr, seed=seed, steps=args.steps, run=name, db=db,
-        progress=False, probe_every=args.every, probe_samples=args.samples, probe_k=args.k,
-        probe_positions="all", probe_budget=1e9))      # no skipping here: the cost is measured instead
-    started = time.perf_counter()
-    result = train(config)
-    with Store(db) as store:
-        reader = store.reader
-        scalars = reader.read_scalars(result.run_id, downsample=100_000)
-        steps = reader.probe_steps(result.run_id)
-        import pandas as pd
+    side: dict = {}
+    probe_step, probe_eval = trainer_probe.probe_step, trainer_probe.probe_eval
 
-        rows = pd.concat([reader.read_probes(result.run_id, s) for s in steps], ignore_index=True)
-    record = {"strategy": strategy, "lr": lr, "seed": seed, "seconds": round(time.perf_counter() - started, 1)}
-    record.update(_run_figures(scalars, rows, steps, args))
-    print(f"{name}: {json.dumps(record)[:300]}", file=sys.stderr, flush=True)
-    return record, rows.assign(run=name, seed=seed)
+    def step_and_record(ctx, step, batch, stats, selected):
+        side[("train", step)] = _signals(ctx, batch.roll, batch.roll.group_ids.tolist(), 0)
+        return probe_step(ctx, step, batch, stats, selected)
+
+    def eval_and_record(ctx, step, roll, problems, n):
+        side[("eval", step)] = _signals(ctx, roll, [i // n for i in range(roll.completion.shape[0])],
+                                        trainer_probe.EVAL_SAMPLE_BASE)
+        return probe_eval(ctx, step, roll, problems, n)
+
+    trainer_probe.probe_step, trainer_probe.probe_eval = step_and_record, eval_and_record
+    name = f"{strategy}-{which}-s{seed}"
+    with tempfile.TemporaryDirectory(prefix="probes-") as tmp:
+        db = f"{tmp}/{name}.duckdb"
+        config = load_config(preset="readable", overrides=dict(
+            model=model, warmup=False, strategy=strategy, lr=lr, seed=seed, steps=args.steps, run=name, db=db,
+            out_dir=f"{tmp}/runs", progress=False, probe_every=args.every, probe_samples=args.samples,
+            probe_k=args.k, probe_positions="all", probe_budget=1e9, reference_every=0, **STUDY))
+        started = time.perf_counter()
+        result = train(config)
+        seconds = time.perf_counter() - started
+        with Store(db) as store:
+            reader = store.reader
+            scalars = reader.read_scalars(result.run_id, downsample=100_000)
+            steps = reader.probe_steps(result.run_id)
+            rows = pd.concat([reader.read_probes(result.run_id, s) for s in steps], ignore_index=True)
+            alerts = reader.read_alerts(result.run_id)
+    rows["split"] = rows["split"].fillna("train")
+    rows = rows[rows.span.isna() | (rows.span == 1)].reset_index(drop=True)
+    extra = pd.DataFrame([_extra(side, r) for r in rows.itertuples()])
+    tokens = pd.concat([rows, extra], axis=1).assign(run=name, seed=seed, lr_of=which, strategy=strategy)
+    drift = (tokens.entropy - tokens.entropy_check).abs().max()
+    collapse = alerts[alerts.detector == "entropy_collapse"].step
+    record = {"strategy": strategy, "lr_of": which, "lr": lr, "seed": seed, "seconds": round(seconds, 1),
+              "probe_steps": steps, "collapse_alert_step": None if collapse.empty else int(collapse.min()),
+              "entropy_recomputed_max_abs_diff": round(float(drift), 6),
+              "continuations": int(scalars[scalars.key.str.endswith("probe/continuations")].value.sum()),
+              "probe_seconds": round(float(scalars[scalars.key.str.endswith("probe/seconds")].value.sum()), 1),
+              "reward_first_last": [_at(scalars, "reward/mean", 1), _at(scalars, "reward/mean", args.steps)],
+              "heldout_pass1_last": _at(scalars, "eval/pass@1", args.steps)}
+    print(f"{name}: {json.dumps(record)[:400]}", file=sys.stderr, flush=True)
+    return record, tokens.drop(columns=["entropy_check", "alternatives"], errors="ignore")
+
+
+def _extra(side: dict, row) -> dict:
+    at = side[(row.split, int(row.step))][int(row.sample_id)]
+    pos = int(row.pos)
+    return {"js": at["js"][pos], "margin": at["margin"][pos], "entropy_check": at["entropy_check"][pos],
+            **{k: v for k, v in at.items() if k.startswith("h_q")}}
 
 
 def _at(scalars, key: str, step: int) -> float | None:
     hit = scalars[(scalars.key == key) & (scalars.step == step)].value
     return None if hit.empty else round(float(hit.iloc[0]), 4)
-
-
-def _run_figures(scalars, rows, steps: list[int], args) -> dict:
-    per_step = {}
-    for s in steps:
-        per_step[s] = {k.removeprefix("probe/"): _at(scalars, k, s) for k in sorted(set(scalars.key))
-                       if k.startswith("probe/") and _at(scalars, k, s) is not None}
-        per_step[s]["fork_frac"] = _at(scalars, "fork/frac", s)
-        per_step[s]["entropy_mean"] = _at(scalars, "entropy/mean", s)
-        per_step[s]["reward_mean"] = _at(scalars, "reward/mean", s)
-    step_time = scalars[(scalars.key == "time/step") & ~scalars.step.isin(steps)].value.median()
-    probe_s = np.mean([per_step[s]["seconds"] for s in steps])
-    per_completion = probe_s / args.samples
-    pivots = {s: (per_step[s].get("pivotal_per_completion") or 0) * (per_step[s].get("completions") or 0)
-              for s in steps}
-    recall = {}
-    for rule in RULES:          # each rule's recall over the run's probes, weighted by pivotal tokens
-        have = [s for s in steps if per_step[s].get(f"recall/{rule}") is not None and pivots[s]]
-        if have:
-            recall[rule] = round(sum(per_step[s][f"recall/{rule}"] * pivots[s] for s in have) /
-                                 sum(pivots[s] for s in have), 4)
-    return {"probe_steps": steps, "recall": recall, "per_step": per_step, "pooled": _pooled(rows),
-            "first": per_step[steps[0]], "last": per_step[steps[-1]],
-            "cost": {"step_seconds_median": round(float(step_time), 4),
-                     "probe_seconds_mean": round(float(probe_s), 3),
-                     "seconds_per_probed_completion": round(float(per_completion), 3),
-                     "share_of_step_time_every_n": round(float(probe_s / (args.every * step_time)), 3),
-                     # the budget's rule: probing at most 10% of training time
-                     "min_every_at_default_budget": int(math.ceil(probe_s / (0.1 * step_time)))}}
 
 
 DISTINCT = "each distinct probed token once"
@@ -123,90 +165,140 @@ def _pooled(rows) -> dict:
     return out
 
 
+def slices(tokens, runs: list[dict], steps: int, window: int) -> dict:
+    """Which probed tokens each reported figure reads: pooled, each phase, split, lr, and around collapse."""
+    third = steps / 3
+    out = {"pooled": tokens,
+           "start": tokens[tokens.step <= third], "middle": tokens[(tokens.step > third) & (tokens.step <= 2 * third)],
+           "end": tokens[tokens.step > 2 * third],
+           "train": tokens[tokens.split == "train"], "eval": tokens[tokens.split == "eval"],
+           "lr sweep": tokens[tokens.lr_of == "sweep"], "lr preset": tokens[tokens.lr_of == "preset"]}
+    near = [(r["strategy"], r["lr_of"], r["seed"], r["collapse_alert_step"]) for r in runs
+            if r["lr_of"] == "preset" and r["collapse_alert_step"] is not None]
+    if near:
+        import pandas as pd
+
+        out["around collapse"] = pd.concat([tokens[(tokens.strategy == st) & (tokens.lr_of == lo) & (tokens.seed == sd)
+                                                   & ((tokens.step - c).abs() <= window)] for st, lo, sd, c in near])
+    return out
+
+
 def _f(value, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def _ci(v: dict, key: str, digits: int = 3) -> str:
+    ci = v.get(f"{key}_ci")
+    return f"{_f(v.get(key), digits)} [{_f(ci[0], digits)}, {_f(ci[1], digits)}]" if ci else _f(v.get(key), digits)
+
+
 def markdown(out: dict) -> str:
     """The JSON as the tables docs/probes.md shows (generated, never typed)."""
-    m = out["meta"]
-    lines = [f"<!-- generated by bench/probes.py from docs/probes.json; do not edit -->",
-             f"Readable preset, {m['steps']} steps, {m['samples']} completions probed at step 1 and every "
-             f"{m['probe_every']} steps, every position, K = {m['k']}; pivotal: {m['pivotal']}; fork: {m['fork']}; "
-             f"seeds {m['seeds']} ({m['warm_start']}).", "",
-             "| strategy | lr | seed | pivotal / completion (first → last) | fork precision | fork recall | "
-             "recall fork / ict / own / random | ρ(H, abs Δ) | s / probed completion | min probe_every at 10% |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    m, study = out["meta"], out["study"]
+    pooled = study["pooled"]
+    lines = ["<!-- generated by bench/probes.py from docs/probes.json; do not edit -->",
+             f"Readable preset, plain GRPO (`{m['strategies']}`), {m['steps']} steps at the sweep's lr and the "
+             f"preset's, RL seeds {m['seeds']} ({m['warm_start']}); at step 1 and every {m['probe_every']} steps "
+             f"{m['samples']} training completions (undecided groups first) and {m['samples']} held-out ones "
+             f"probed at every position, K = {m['k']}; pivotal: {m['pivotal']}. Intervals: bootstrap 95% over "
+             f"probed completions ({m['resamples']} resamples). Lift = precision / base rate of the same "
+             "completions (a random pick's precision at any count).", "",
+             f"**{pooled['pivotal_tokens']} pivotal tokens** in {pooled['tokens']:,} probed tokens of "
+             f"{pooled['completions']} completions (base rate {pooled['base_rate']:.4f}).", "",
+             f"**Verdict.** {out['verdict']}", "",
+             "## Every rule on the same completions", "",
+             "The rules as the product defines them, each picking its own share of tokens, then the ranked "
+             "rules at one count per completion (10%, 20%, 30% of its tokens).", "",
+             "| rule | share of tokens | precision | recall | lift over random | F1 |", "|---|---|---|---|---|---|"]
+    for rule, v in pooled["rules"].items():
+        lines.append(f"| `{rule}` | {_f(v['share'], 3)} | {_ci(v, 'precision')} | {_ci(v, 'recall')} | "
+                     f"{_ci(v, 'lift', 2)} | {_f(v['f1'], 3)} |")
+    lines += ["", "## By phase, split, lr and around the collapse", "",
+              "Lift over random [95% interval] of each rule at 20% of tokens per completion, and of the fork "
+              "rules as defined.", ""]
+    names = [r for r in pooled["rules"] if r.endswith("20%") or "%" not in r]
+    lines += ["| slice | completions | pivots | " + " | ".join(f"`{r}`" for r in names) + " |",
+              "|---|---|---|" + "---|" * len(names)]
+    for where, v in study.items():
+        if where == "pooled" or not v:
+            continue
+        lines.append(f"| {where} | {v['completions']} | {v['pivotal_tokens']} | " +
+                     " | ".join(_ci(v["rules"][r], "lift", 2) if r in v["rules"] else "–" for r in names) + " |")
+    lines += ["", "## The runs", "", "| run | lr | seconds | collapse alert at | continuations | probe s | "
+              "reward first → last | held-out pass@1 at the end |", "|---|---|---|---|---|---|---|---|"]
     for r in out["runs"]:
-        pooled, rec = r["pooled"], r["recall"]
-        fork = pooled.get("H>=0.672", {})
-        lines.append(
-            f"| {r['strategy']} | {r['lr']:g} ({r['lr_of']}) | {r['seed']} | "
-            f"{_f(r['first'].get('pivotal_per_completion'))} → {_f(r['last'].get('pivotal_per_completion'))} | "
-            f"{_f(fork.get('precision'))} | {_f(fork.get('recall'))} | "
-            f"{' / '.join(_f(rec.get(k)) for k in ('fork', 'ict', 'own', 'random'))} | "
-            f"{_f(pooled.get('spearman_entropy_delta'))} | {_f(r['cost']['seconds_per_probed_completion'])} | "
-            f"{r['cost']['min_every_at_default_budget']} |")
-    if m.get("pooled") != DISTINCT:
-        first = out.get("pooled_first_probe", {})
-        lines += ["", f"**Counted before issue 50's fix:** the runs of one seed share weights, rollout and probe "
-                  f"seed at step 1, so their first probes are the same tokens, and these pooled figures count "
-                  f"each of those up to six times (step 1: {first.get('probed_tokens')} tokens and "
-                  f"{first.get('pivotal_tokens')} pivots pooled, a sixth of that distinct; the step-1 shares are "
-                  "unchanged by it, the pooled ones slightly). `bench/probes.py` now counts each distinct probed "
-                  "token once; rerun it for corrected pooled counts."]
-    lines += ["", "Pooled over every probed token of every run: precision and recall of \"H ≥ τ\" as a "
-              "detector of pivotal tokens (base rate: share of probed tokens that are pivotal = "
-              f"{_f(out['pooled'].get('pivotal_frac'), 4)}).", "", "| τ | share of tokens | precision | recall |",
-              "|---|---|---|---|"]
+        first, last = r["reward_first_last"]
+        lines.append(f"| {r['strategy']} s{r['seed']} | {r['lr']:g} ({r['lr_of']}) | {r['seconds']} | "
+                     f"{r['collapse_alert_step'] or '–'} | {r['continuations']:,} | {r['probe_seconds']} | "
+                     f"{_f(first)} → {_f(last)} | {_f(r['heldout_pass1_last'])} |")
+    lines += ["", "Pooled over every probed token: \"H ≥ τ\" as a detector of pivotal tokens.", "",
+              "| τ | share of tokens | precision | recall |", "|---|---|---|---|"]
     for tau in TAUS:
         row = out["pooled"].get(f"H>={tau}", {})
         lines.append(f"| {tau} | {_f(row.get('share'), 3)} | {_f(row.get('precision'), 3)} | {_f(row.get('recall'), 3)} |")
     return "\n".join(lines) + "\n"
 
 
+def verdict(pooled: dict) -> str:
+    """What the pooled figures say, in words (the page's and the closing note's sentence)."""
+    from probe_rules import best
+
+    rules = pooled["rules"]
+    equal, defined = best(pooled, "%"), best(pooled, "defined")
+    beat = [r for r, v in rules.items() if v["lift_ci"] and v["lift_ci"][0] > 1 and not r.startswith("random")]
+    lose = [r for r, v in rules.items() if v["lift_ci"] and v["lift_ci"][1] < 1 and not r.startswith("random")]
+    e, d = rules[equal], rules[defined]
+    return (f"At one count per completion (20%), `{equal}` ranks best: lift {_ci(e, 'lift', 2)}, recall "
+            f"{_ci(e, 'recall', 2)}. Of the fork rules as defined, `{defined}` has the best F1 ({_f(d['f1'], 3)}; "
+            f"precision {_ci(d, 'precision', 3)}, recall {_ci(d, 'recall', 2)}). Beat random with an interval "
+            f"above 1: {', '.join(f'`{r}`' for r in beat) or 'none'}. Worse than random with an interval below 1: "
+            f"{', '.join(f'`{r}`' for r in lose) or 'none'}.")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="0", help="comma-separated RL seeds (default 0)")
-    parser.add_argument("--strategies", default="all,fork,ict")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated RL seeds")
+    parser.add_argument("--strategies", default="all", help="selection strategies trained (default: plain GRPO)")
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--every", type=int, default=50, help="probe at step 1 and every N steps")
-    parser.add_argument("--samples", type=int, default=4, help="completions probed per probed step")
-    parser.add_argument("--k", type=int, default=16)
+    parser.add_argument("--every", type=int, default=25, help="probe at step 1 and every N steps")
+    parser.add_argument("--samples", type=int, default=4, help="training (and held-out) completions per probe")
+    parser.add_argument("--k", type=int, default=64)
+    parser.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each")
+    parser.add_argument("--resamples", type=int, default=1000)
+    parser.add_argument("--window", type=int, default=50, help="'around the collapse': steps either side")
     add_page_options(parser, "docs/probes.md")
     args = parser.parse_args()
     if rendered_only(args, markdown):
         return
-    import torch
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
-    torch.set_num_threads(1)
+    import pandas as pd
+    from probe_rules import pick_columns, score
+
     from forksight.trainer.config import PRESETS
 
     with open(REPO / "docs" / "strategies.json") as f:
         sweep_lr = json.load(f)["summary"]["readable"]
     model = warm_model()
-    runs, all_rows = [], []
-    with tempfile.TemporaryDirectory(prefix="probes-") as tmp:
-        for strategy in args.strategies.split(","):
-            for which in ("sweep", "preset"):
-                lr = sweep_lr[strategy]["lr"] if which == "sweep" else PRESETS["readable"]["lr"]
-                for seed in (int(s) for s in args.seeds.split(",")):
-                    record, rows = _one(model, strategy, lr, seed, args, Path(tmp))
-                    runs.append({"lr_of": which, **record})
-                    all_rows.append(rows)
-    import pandas as pd
-
-    everything = distinct(pd.concat(all_rows, ignore_index=True))
+    jobs = [(model, strategy, which, sweep_lr[strategy]["lr"] if which == "sweep" else PRESETS["readable"]["lr"],
+             seed, args) for which in ("preset", "sweep") for strategy in args.strategies.split(",")
+            for seed in (int(s) for s in args.seeds.split(","))]
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        done = list(pool.map(_one, jobs))
+    runs = [record for record, _ in done]
+    tokens = distinct(pd.concat([rows for _, rows in done], ignore_index=True))
+    picked = pick_columns(tokens)
+    study = {where: score(part, resamples=args.resamples) for where, part in
+             slices(picked, runs, args.steps, args.window).items()}
     out = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": commit(),
                     "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
-                    "preset": "readable", "steps": args.steps, "probe_every": args.every, "samples": args.samples,
-                    "k": args.k, "positions": "all", "seeds": args.seeds, "warm_start": "seed-0 warm-up for every run",
-                    "pivotal": "|delta| >= 0.2 and |delta| > 2 SE", "fork": "H >= 0.672 (FORK_ENTROPY)",
-                    "pooled": DISTINCT},
-           "pooled": _pooled(everything),
-           "pooled_first_probe": _pooled(everything[everything.step == 1]),
-           "pooled_last_probe": _pooled(everything[everything.step == args.steps]),
-           "runs": runs}
+                    "preset": "readable", "strategies": args.strategies, "steps": args.steps,
+                    "probe_every": args.every, "samples": args.samples, "k": args.k, "positions": "all",
+                    "seeds": args.seeds, "warm_start": "seed-0 warm-up for every run", "resamples": args.resamples,
+                    "pivotal": "|delta| >= 0.2 and |delta| > 2 SE", "pooled": DISTINCT, "window": args.window,
+                    "study": STUDY},
+           "verdict": verdict(study["pooled"]), "study": study, "pooled": _pooled(tokens), "runs": runs}
     write_outputs(out, args, markdown, echo=not args.out)       # the JSON to stdout unless --out
 
 

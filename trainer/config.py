@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from forksight.base.fork_rule import DEFAULT_FORK_RULE
+
 Strategy = Literal["all", "fork", "ict", "random", "stapo", "maxtok", "mintok", "rand1tok"]
 TrustRegion = Literal["ratio", "tv", "binary-kl", "topk-kl", "kl"]   # ratio + hooks.metrics.trust.DEFAULT_DELTA's
 STRATEGIES: tuple[str, ...] = ("all", "fork", "ict", "random", "stapo", "maxtok", "mintok", "rand1tok")
@@ -129,7 +131,7 @@ class TrainConfig(BaseModel):
                         "trackio, mlflow, tensorboard (forksight/ scalars, alerts, token views).")
     report_tokens_every: int = _f(50, "monitoring", "--report-to: a token view every this many steps (0 = none).",
                                   ge=0)
-    fork_rule: str = _f("abs:0.672", "monitoring", "Which tokens are forks (the stored fork flag, fork/frac, "
+    fork_rule: str = _f(str(DEFAULT_FORK_RULE), "monitoring", "Which tokens are forks (the stored fork flag, fork/frac, "
                         "the pages' outline): abs:τ (H ≥ τ nats) or top:q (the step's top q by H).")
     out_dir: str = _f("runs", "monitoring", "Checkpoints go to out_dir/<run>/.")
     save_every: int = _f(0, "monitoring", "Checkpoint every this many steps (0 = only at the end).",

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from forksight.base.fork_rule import ForkRule
+from forksight.base.fork_rule import DEFAULT_FORK_RULE, ForkRule
 from forksight.hooks.integrations.verl_correction import correction_settings, corrected_tokens
 from forksight.hooks.integrations.verl_mirror import mirror_into, mirror_setting
 from forksight.hooks.integrations.verl_state import STATE, check_version, verl_version
@@ -48,7 +48,7 @@ TRL_NAMES = {"actor/pg_loss": "loss", "actor/grad_norm": "grad_norm", "actor/kl_
 
 _DEFAULTS = {"url": None, "db": None, "run": None, "project": None, "stop_on_alert": False, "token_groups": 1,
              "correct_key": "acc", "correct_threshold": 1.0, "allow_unknown_version": False, "worker_stats": True,
-             "fork_rule": "abs:0.672", "mirror": "auto", "mirror_tokens_every": 50, "reference_every": None,
+             "fork_rule": str(DEFAULT_FORK_RULE), "mirror": "auto", "mirror_tokens_every": 50, "reference_every": None,
              "reference_size": 32, "reference_budget": 0.02}
 
 
