@@ -87,9 +87,11 @@ def score(picked: pd.DataFrame, *, resamples: int = 1000, seed: int = 0) -> dict
             b_prec = boot[:, h] / boot[:, n]
             b_rec = boot[:, h] / boot[:, 1]
             b_lift = b_prec / (boot[:, 1] / boot[:, 0])
+            b_f1 = np.where(b_prec + b_rec > 0, 2 * b_prec * b_rec / (b_prec + b_rec), 0.0)
             f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
             out["rules"][rule] = {
                 "share": round(float(full[n] / full[0]), 4), "f1": None if np.isnan(f1) else round(float(f1), 4),
+                "f1_ci": _interval(b_f1),
                 "precision": None if np.isnan(precision) else round(float(precision), 4),
                 "precision_ci": _interval(b_prec),
                 "recall": round(float(recall), 4), "recall_ci": _interval(b_rec),

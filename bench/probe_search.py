@@ -30,17 +30,9 @@ import time
 from pathlib import Path
 
 from page_io import add_page_options, commit, rendered_only, write_outputs
+from readable_warm import steps3_model
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _warm() -> str:
-    from forksight.trainer.model import build_tiny
-    from forksight.trainer.tasks import make_task
-    from forksight.trainer.warmup import ensure_warm
-
-    task = make_task("steps", level=2, graded=True)
-    return str(ensure_warm(str(build_tiny()), task, target_pass=0.3, seed=0, max_seconds=1500, progress=False))
 
 
 def _completions(model, tok, task, n: int, min_tokens: int, seed: int):
@@ -139,7 +131,7 @@ def main() -> None:
     from forksight.trainer.model import load
     from forksight.trainer.tasks import make_task
 
-    model, tok = load(_warm())
+    model, tok = load(steps3_model())
     model.eval()
     task = make_task("steps", level=2, graded=False)
     inputs, problems, drawn = _completions(model, tok, task, args.completions, args.min_tokens, args.seed)

@@ -10,6 +10,7 @@ import pandas as pd
 
 from forksight.dashboard.alert_figures import alert_layers, escape_markup, latest_forecast
 from forksight.base.constants import ENTROPY_EDGES
+from forksight.base.fork_rule import of_config
 from forksight.dashboard.figures import (DIAGNOSTIC_KEYS, ENTROPY_COLOR, FORK_THRESHOLD, JS_COLOR,
                                          PASS_COLORS, RENYI_COLOR, SEVERITY_COLOR, X_TITLES,
                                          base_layout, clean, log_annotations, steps_x, y_scale,
@@ -31,8 +32,10 @@ _TICK_GAP = 3                                 # categories kept clear under the 
 def entropy_figure(scalars: pd.DataFrame, *, alerts: pd.DataFrame | None = None,
                    vocab_size: int | None = None, smoothing: float = 0.0, x_axis: str = "step",
                    log_y: bool = False, max_points: int | None = None,
-                   uirevision: str = "run") -> dict:
-    """Entropy mean with its p20–p80 band, Rényi-2, JS (right axis), fork and log|V| lines,
+                   uirevision: str = "run", fork_rule: str | None = None) -> dict:
+    """Entropy mean with its p20–p80 band, Rényi-2, JS (right axis), the fork threshold of the run's
+    rule (`fork_rule`, its config's: a line at τ, or under `top:q` the step's stored `fork/threshold`) and
+    log|V|,
     the forecasted collapse step drawn ahead of the curve, and the alerts routed here: an
     entropy alert's marker, threshold and forecast lines, any other alert as a marker."""
     mean = series(scalars, "entropy/mean", max_points)
@@ -58,10 +61,21 @@ def entropy_figure(scalars: pd.DataFrame, *, alerts: pd.DataFrame | None = None,
         trace["line"].update(dash="dot", width=1.5)
     data += js_traces
     shapes, notes = [], []
-    for shape, note in (hline(FORK_THRESHOLD, "fork threshold 0.672", "#495057", "dot"),):
+    rule = of_config({"fork_rule": fork_rule})
+    threshold = series(scalars, "fork/threshold", max_points) if rule.relative else None
+    if threshold is not None and not threshold.empty:       # the step's top-q threshold moves with H
+        line = line_trace(x_values(threshold, x_axis), clean(threshold["value"].to_numpy(np.float64)),
+                          name=f"fork threshold ({rule})", gl=gl, color="#495057", width=1, dash="dot",
+                          meta={"key": "fork/threshold", "role": "raw"})
+        data.append(line)
+        level = threshold["value"].dropna().tolist()
+    else:
+        tau = rule.value if not rule.relative else FORK_THRESHOLD
+        shape, note = hline(tau, f"fork threshold {tau:g}", "#495057", "dot")
         shapes.append(shape)
         notes.append(note)
-    top = [FORK_THRESHOLD, *hi["value"].dropna().tolist(), *mean["value"].dropna().tolist()]
+        level = [tau]
+    top = [*level, *hi["value"].dropna().tolist(), *mean["value"].dropna().tolist()]
     if vocab_size:
         log_v = math.log(vocab_size)
         # log|V| is the ceiling; draw it when near the data, else say where it is

@@ -35,7 +35,7 @@ HEATMAP_STEPS = 600           # histogram buckets read: rollup widths grow 4x, s
 HEATMAP_COLUMNS = HEATMAP_STEPS // 4
 EVAL_WATCH_S = 120.0          # how long after a step a live page looks for its late evaluation
 RUN_KEYS_CORE = ("entropy/mean", "entropy/p20", "entropy/p80", "renyi2/mean", "js/mean",
-                 "reward/mean")
+                 "reward/mean", "fork/threshold")
 
 
 @dataclass
@@ -171,7 +171,8 @@ def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None 
     figures = {
         "entropy": R.entropy_figure(scalars, alerts=routed["rest"], vocab_size=vocab_size(run),
                                     smoothing=c.smoothing, x_axis=c.x_axis, log_y=c.log_y,
-                                    max_points=c.max_points, uirevision=run_id),
+                                    max_points=c.max_points, uirevision=run_id,
+                                    fork_rule=((run or {}).get("config") or {}).get("fork_rule")),
         "heatmap": R.entropy_heatmap(hist, max_steps=HEATMAP_COLUMNS, uirevision=run_id,
                                      x_axis=c.x_axis, walls=F.series(scalars, "entropy/mean")),
         # hidden (the page's wrapper) when the run logs no mismatch: nothing to read or send

@@ -97,3 +97,26 @@ def test_a_table_without_a_pivot_scores_nothing():
 
     tokens = _study_tokens().assign(pivotal=False)
     assert probe_rules.score(probe_rules.pick_columns(tokens)) == {}
+
+
+def test_the_study_page_is_the_rendering_of_its_json_and_has_the_power_asked():
+    import json
+
+    for page in ("probes", "probes_readable"):      # the study, and its first try on the readable preset
+        tried = json.loads((ROOT / "docs" / f"{page}.json").read_text())
+        assert (ROOT / "docs" / f"{page}.md").read_text() == probes.markdown(tried)
+        assert tried["verdict"] == probes.verdict(tried["study"]["pooled"])
+    out = json.loads((ROOT / "docs" / "probes.json").read_text())
+    pooled = out["study"]["pooled"]
+    # issue 50: at least 500 pivotal tokens over >= 3 seeds and both lrs
+    assert pooled["pivotal_tokens"] >= 500 and len(out["meta"]["seeds"].split(",")) >= 3
+    assert {r["lr_of"] for r in out["runs"]} == {"sweep", "preset"}
+    # the same completions under every rule: equal counts at each share, random included
+    rules = pooled["rules"]
+    for share in ("10%", "20%", "30%"):
+        assert len({rules[f"{name} {share}"]["share"] for name in ("H", "JS", "margin", "random")}) == 1
+    # the verdict is the JSON's own: it names the best rule of each family
+    import probe_rules
+
+    assert f"`{probe_rules.best(pooled, '%')}` ranks best" in out["verdict"]
+    assert f"`{probe_rules.best(pooled, 'defined')}` has the best F1" in out["verdict"]

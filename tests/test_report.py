@@ -71,7 +71,13 @@ def test_report_stores_what_the_step_computed(tmp_path, tiny):
     ent = stats.entropy.numpy()[valid]
     assert scalars["entropy/mean"] == pytest.approx(ent.mean(), abs=1e-6)
     assert scalars["selected/frac"] == pytest.approx(B / valid.sum())
-    assert scalars["fork/frac"] == pytest.approx((ent >= 0.672).mean())
+    # the default rule (top:0.1): the step's 90th percentile of H, as numpy takes it
+    from forksight.base.fork_rule import DEFAULT_FORK_RULE
+
+    tau = np.quantile(ent.astype(np.float64), 1 - DEFAULT_FORK_RULE.value)
+    assert scalars["fork/threshold"] == pytest.approx(tau, rel=1e-5)
+    assert scalars["fork/frac"] == pytest.approx((ent >= scalars["fork/threshold"]).mean())
+    assert scalars["fork/quantile"] == DEFAULT_FORK_RULE.value
     assert scalars["length/mean"] == pytest.approx(valid.sum(1).mean())
     logp = stats.logp.numpy()
     adv_tok = np.broadcast_to(advantages.numpy()[:, None], (B, T))[valid]

@@ -327,7 +327,9 @@ def test_settings_come_from_trainer_forksight_and_refuse_unknown_names(monkeypat
     assert (settings["db"], settings["stop_on_alert"], settings["token_groups"]) == ("x.duckdb", True, 3)
     with pytest.raises(ValueError, match="stop_on_alrt"):
         settings_from({"trainer": {"forksight": {"stop_on_alrt": True}}})
-    assert settings["fork_rule"] == "abs:0.672"                      # the default, recorded in the run's config
+    from forksight.base.fork_rule import DEFAULT_FORK_RULE
+
+    assert settings["fork_rule"] == str(DEFAULT_FORK_RULE)           # the default, recorded in the run's config
     assert settings_from({"trainer": {"forksight": {"fork_rule": "top:0.2"}}})["fork_rule"] == "top:0.2"
     with pytest.raises(ValueError, match="fork rule 'top:2'"):
         settings_from({"trainer": {"forksight": {"fork_rule": "top:2"}}})

@@ -3,6 +3,7 @@ the trainer's settings the pages and detectors read (temperature, group size, th
 behind the explosion detector's log |V|, ...), on this process's rank."""
 from __future__ import annotations
 
+from forksight.base.fork_rule import ForkRule
 from forksight.base.runspec import RunSpec
 
 
@@ -15,7 +16,7 @@ def run_spec(trainer, version: str, run, project: str | None, stop_on_alert: boo
               "per_device_train_batch_size": args.per_device_train_batch_size,
               "world_size": trainer.accelerator.num_processes,
               "vocab_size": getattr(model.config, "vocab_size", None),   # the explosion detector's log|V|
-              "fork_rule": str(fork_rule) if fork_rule is not None else None}
+              "fork_rule": str(ForkRule.parse(fork_rule))}
     run = run or getattr(args, "run_name", None) or "trl-grpo"   # a RunSpec, or a name
     return RunSpec.of(run, project=project, stop_on_alert=stop_on_alert or None).filled(
         strategy="trl-grpo", model=getattr(model.config, "_name_or_path", None) or type(model).__name__,

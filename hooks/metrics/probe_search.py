@@ -8,7 +8,7 @@ values for p pivots instead of the T + 1 of every position.
 Where it misses: jumps of opposite sign inside one segment cancel (V rises by 0.3 at one token and falls
 by 0.3 at a later one: the segment's ends agree and neither token is found), and each end is an
 estimate, so noise at an end can stop a split or start one (measured on real completions against the
-sweep over every position: bench/probe_search.py, docs/probes.md)."""
+sweep over every position: bench/probe_search.py, docs/probe_search.md)."""
 from __future__ import annotations
 
 from typing import Sequence

@@ -176,7 +176,7 @@ def split_at(settings: ProbeSettings) -> float:
     """The search splits a segment while its end values differ by at least this: half the pivotal δ
     unless set. Splitting only at δ missed 39% of the reproducible pivots of real completions (a
     start value near the end's hides a jump inside, e.g. 0.17 → 0.3 → 0.0); at δ/2 the search found
-    96% of them at 21% of the sweep's values (bench/probe_search.py, docs/probes.md)."""
+    96% of them at 21% of the sweep's values (bench/probe_search.py, docs/probe_search.md)."""
     return settings.split_delta if settings.split_delta is not None else settings.pivot_delta / 2
 
 
