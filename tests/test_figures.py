@@ -346,3 +346,19 @@ def test_position_heatmap_uses_the_token_colours_and_numbers():
     assert np.allclose(trace["z"], [[1.2, 5e-5], [0.4, 6e-5]], rtol=1e-9)   # pos × step
     surprise = position_step_heatmap(rows, token_scale(rows["logp"], "logp"))
     assert surprise["data"][0]["z"][0] == pytest.approx([1.0, 1e-5])    # drawn as −log p
+
+
+def test_the_entropy_chart_draws_the_runs_own_fork_threshold():
+    frame = scalars_frame(30, keys=(*KEYS, "fork/threshold"))
+    # top:q: the step's stored threshold, step by step (it moves with the step's entropies)
+    fig = R.entropy_figure(frame, fork_rule="top:0.1")
+    line = trace_for(fig, "fork/threshold", "raw")
+    stored = frame[frame.key == "fork/threshold"].sort_values("step").value.to_numpy()
+    assert np.allclose(line["y"], stored) and "top:0.1" in line["name"]
+    assert not any(s.get("y0") == 0.672 for s in fig["layout"].get("shapes", []))
+    # abs:τ: one line at τ; a run that records no rule was stored under abs:0.672
+    for rule, tau in (("abs:0.3", 0.3), (None, 0.672)):
+        fig = R.entropy_figure(frame, fork_rule=rule)
+        assert not [t for t in fig["data"] if (t.get("meta") or {}).get("key") == "fork/threshold"]
+        assert [s["y0"] for s in fig["layout"]["shapes"] if s.get("line", {}).get("dash") == "dot"] == [tau]
+        assert f"fork threshold {tau:g}" in [a["text"] for a in fig["layout"]["annotations"]]

@@ -120,3 +120,19 @@ def test_the_study_page_is_the_rendering_of_its_json_and_has_the_power_asked():
 
     assert f"`{probe_rules.best(pooled, '%')}` ranks best" in out["verdict"]
     assert f"`{probe_rules.best(pooled, 'defined')}` has the best F1" in out["verdict"]
+
+
+def test_the_default_fork_rule_is_the_one_the_study_found_best():
+    """Evidence decides the default (issue 50, item 4): the rule as defined with the best F1 against the
+    study's pivotal tokens, its interval above the runner-up's."""
+    import json
+
+    import probe_rules
+
+    from forksight.base.fork_rule import DEFAULT_FORK_RULE
+
+    pooled = json.loads((ROOT / "docs" / "probes.json").read_text())["study"]["pooled"]
+    best = probe_rules.best(pooled, "defined")
+    assert str(DEFAULT_FORK_RULE) == best
+    others = [v for r, v in pooled["rules"].items() if "%" not in r and r != best]
+    assert all(pooled["rules"][best]["f1_ci"][0] > v["f1_ci"][1] for v in others)

@@ -22,7 +22,7 @@ ACTION_EXPLOSION = ("Entropy is running away (incoherent chains): lower the lear
 ACTION_DIVERSITY = ("The group's samples agree too often to teach anything: raise the sampling temperature "
                     "or clip-high, add an entropy bonus, drop zero-variance groups (DAPO dynamic sampling), "
                     "or switch to fork-token or ICT selection.")
-ACTION_FORK = ("Few tokens remain above H = 0.672, so fork-token training has little to choose from: raise "
+ACTION_FORK = ("Few high-entropy fork tokens remain, so fork-token training has little to choose from: raise "
                "clip-high or the temperature, add an entropy bonus, lower the learning rate; ICT selection "
                "(--strategy ict) does not need high-entropy tokens.")
 ACTION_STAGNATION = ("Reward has stopped improving below target: check the reward function and that groups "
@@ -193,8 +193,9 @@ class DiversityDetector(Detector):
 
 
 class ForkDetector(Detector):
-    """Fraction of fork tokens (H ≥ 0.672) falling below a floor; under a top:q fork rule (the share is q
-    by construction), the entropy threshold that makes the top q falling from its baseline."""
+    """Under an `abs:τ` fork rule, the fraction of fork tokens falling below a floor; under a top:q rule
+    (the default top:0.1: the share is q by construction), the entropy threshold that makes the top q
+    falling from its baseline."""
 
     name = "fork_starvation"
     fix = "raise clip-high or the temperature, or switch to --strategy ict"
@@ -224,7 +225,7 @@ class ForkDetector(Detector):
         if severity is None:
             return []
         thr = c.critical_floor if severity == "critical" else c.floor
-        msg = (f"Fork-token starvation: {100 * smooth:.2f}% of tokens have H ≥ 0.672 (baseline "
+        msg = (f"Fork-token starvation: {100 * smooth:.2f}% of tokens are forks (`{key}`; baseline "
                f"{100 * self.baseline.value:.2f}%, floor {100 * thr:.2f}%).")
         return [self._alert(step, severity, msg, ACTION_FORK, smooth, thr, signal=key,
                             evidence={"baseline": self.baseline.value})]
