@@ -30,7 +30,7 @@ def select(strategy: str, stats: "metrics.TokenStats", *, advantages: torch.Tens
     if strategy == "all":
         return Selection(valid.clone(), "tokens")
     if strategy == "fork":
-        # a quantile of this batch, unlike the absolute FORK_ENTROPY reference behind fork/frac
+        # a quantile of this batch's trained tokens (ρ), whatever fork rule fork/frac follows
         mask, threshold = metrics.top_rho_mask(stats.entropy, valid, rho)
         return Selection(mask, fork_norm, {"selected/threshold": threshold})
     if strategy == "ict":
