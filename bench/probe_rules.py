@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-FORK_TAU = 0.672
+from forksight.base.constants import FORK_ENTROPY as FORK_TAU
 TOP_QS = (0.1, 0.2, 0.3)
 SHARES = (0.1, 0.2, 0.3)
 RANKED = {"H": ("entropy", False), "JS": ("js", False), "margin": ("margin", True)}

@@ -47,6 +47,7 @@ def _signals(ctx, roll, groups: list[int], base: int) -> dict:
     """sample_id -> the probed tokens' JS, margin and the step's H quantiles, as the policy now sees them."""
     import torch
 
+    from forksight.base.fork_rule import ForkRule
     from forksight.hooks import metrics
     from forksight.trainer.rollout import completion_logits
 
@@ -58,8 +59,8 @@ def _signals(ctx, roll, groups: list[int], base: int) -> dict:
         top2 = torch.softmax(logits / t, dim=-1).topk(2, dim=-1).values
     margin = top2[..., 0] - top2[..., 1]
     valid = roll.mask.bool()
-    h = stats.entropy[valid].double()
-    quantiles = {f"h_q{round(q * 100)}": float(torch.quantile(h, 1 - q)) for q in (0.1, 0.2, 0.3)}
+    h = stats.entropy[valid].double().numpy()      # each top:q rule's threshold, as the trainer takes it
+    quantiles = {f"h_q{round(q * 100)}": ForkRule("top", q).threshold(h) for q in (0.1, 0.2, 0.3)}
     out = {}
     for i in range(roll.completion.shape[0]):
         n = int(valid[i].sum())
@@ -72,7 +73,6 @@ def _signals(ctx, roll, groups: list[int], base: int) -> dict:
 def _one(job: tuple) -> tuple:
     """One run (in its own process): its record and its probed tokens with the study's columns."""
     model, strategy, which, lr, seed, args = job
-    problems = getattr(args, "problems", "readable")
     import tempfile
 
     import pandas as pd
@@ -104,7 +104,7 @@ def _one(job: tuple) -> tuple:
             model=model, warmup=False, strategy=strategy, lr=lr, seed=seed, steps=args.steps, run=name, db=db,
             out_dir=f"{tmp}/runs", progress=False, probe_every=args.every, probe_samples=args.samples,
             probe_k=args.k, probe_positions="all", probe_budget=1e9, reference_every=0, **STUDY,
-            **PROBLEMS[problems]))
+            **PROBLEMS[args.problems]))
         started = time.perf_counter()
         result = train(config)
         seconds = time.perf_counter() - started

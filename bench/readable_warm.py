@@ -5,22 +5,21 @@ outcome is undecided on most problems, where pivotal tokens live)."""
 from __future__ import annotations
 
 
-def warm_model() -> str:
-    from forksight.trainer.config import PRESETS
+def _warm(task: str, level: int, graded: bool, target_pass: float, max_seconds: float) -> str:
     from forksight.trainer.model import build_tiny
     from forksight.trainer.tasks import make_task
     from forksight.trainer.warmup import ensure_warm
 
+    return str(ensure_warm(str(build_tiny()), make_task(task, level=level, graded=graded), target_pass=target_pass,
+                           seed=0, max_seconds=max_seconds, progress=False))
+
+
+def warm_model() -> str:
+    from forksight.trainer.config import PRESETS
+
     p = PRESETS["readable"]
-    task = make_task(p["task"], level=p["level"], graded=p["graded"])
-    return str(ensure_warm(str(build_tiny()), task, target_pass=p["warmup_pass"], seed=0,
-                           max_seconds=p["warmup_max_seconds"], progress=False))
+    return _warm(p["task"], p["level"], p["graded"], p["warmup_pass"], p["warmup_max_seconds"])
 
 
 def steps3_model() -> str:
-    from forksight.trainer.model import build_tiny
-    from forksight.trainer.tasks import make_task
-    from forksight.trainer.warmup import ensure_warm
-
-    task = make_task("steps", level=2, graded=True)
-    return str(ensure_warm(str(build_tiny()), task, target_pass=0.3, seed=0, max_seconds=1500, progress=False))
+    return _warm("steps", 2, True, 0.3, 1500)

@@ -119,9 +119,9 @@ def pivotal_figure(scalars: dict[str, pd.DataFrame], *, x_axis: str = "step",
     data = spec_lines(rows, PRECISION, xref=x1, yref=y1, legend="legend", **style) + \
         spec_lines(rows, RECALL, xref=x2, yref=y2, legend="legend2", **style)
     # each panel: its question on top, its legend (one entry a line) below it, the plot under both
-    from forksight.base.fork_rule import of_config
+    from forksight.base.fork_rule import recorded
 
-    rule = of_config({"fork_rule": fork_rule}).describe()
+    rule = recorded(fork_rule).describe()
     notes = panel_notes([(f"are the forks pivotal? ({rule})", xa1), ("recall of pivotal tokens by selection rule", xa2)])
     layout = base_layout("Pivotal tokens (value probes: |Δ| ≥ 0.2 and > 2 SE)", height=420, x_axis=x_axis,
                          uirevision=uirevision, hovermode="closest", annotations=notes)

@@ -10,7 +10,7 @@ import pandas as pd
 
 from forksight.dashboard.alert_figures import alert_layers, escape_markup, latest_forecast
 from forksight.base.constants import ENTROPY_EDGES
-from forksight.base.fork_rule import of_config
+from forksight.base.fork_rule import recorded
 from forksight.dashboard.figures import (DIAGNOSTIC_KEYS, ENTROPY_COLOR, FORK_THRESHOLD, JS_COLOR,
                                          PASS_COLORS, RENYI_COLOR, SEVERITY_COLOR, X_TITLES,
                                          base_layout, clean, log_annotations, steps_x, y_scale,
@@ -61,7 +61,7 @@ def entropy_figure(scalars: pd.DataFrame, *, alerts: pd.DataFrame | None = None,
         trace["line"].update(dash="dot", width=1.5)
     data += js_traces
     shapes, notes = [], []
-    rule = of_config({"fork_rule": fork_rule})
+    rule = recorded(fork_rule)
     threshold = series(scalars, "fork/threshold", max_points) if rule.relative else None
     if threshold is not None and not threshold.empty:       # the step's top-q threshold moves with H
         line = line_trace(x_values(threshold, x_axis), clean(threshold["value"].to_numpy(np.float64)),

@@ -163,6 +163,7 @@ def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None 
     run, frame, hist, alerts = read_run(reader, run_id, wanted, controls.max_points, cache)
     scalars = F.by_key(frame)
     c = controls
+    fork_rule = ((run or {}).get("config") or {}).get("fork_rule")      # the rule the run recorded
     # each alert on the chart that shows its signal; the rest as markers on the entropy chart
     routed = A.route_alerts(alerts, {"heldout": H.eval_pass_keys(keys),
                                      "passk": R.passk_signals(keys),
@@ -172,7 +173,7 @@ def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None 
         "entropy": R.entropy_figure(scalars, alerts=routed["rest"], vocab_size=vocab_size(run),
                                     smoothing=c.smoothing, x_axis=c.x_axis, log_y=c.log_y,
                                     max_points=c.max_points, uirevision=run_id,
-                                    fork_rule=((run or {}).get("config") or {}).get("fork_rule")),
+                                    fork_rule=fork_rule),
         "heatmap": R.entropy_heatmap(hist, max_steps=HEATMAP_COLUMNS, uirevision=run_id,
                                      x_axis=c.x_axis, walls=F.series(scalars, "entropy/mean")),
         # hidden (the page's wrapper) when the run logs no mismatch: nothing to read or send
@@ -188,7 +189,7 @@ def draw_run(reader: Reader, run_id: str, controls: Controls, cache: LRU | None 
                                     uirevision=run_id) if heldout else F.empty_figure("", 40),
         # hidden (the page's wrapper) when the run logs no value probes
         "probes": P.pivotal_figure(scalars, x_axis=c.x_axis, max_points=c.max_points, uirevision=run_id,
-                                   fork_rule=((run or {}).get("config") or {}).get("fork_rule"))
+                                   fork_rule=fork_rule)
         if probes else F.empty_figure("", 40),
         # hidden (the page's wrapper) when the run logs no trust/* (one update per batch, ratio clip)
         "trust": T.trust_figure(scalars, x_axis=c.x_axis, max_points=c.max_points,

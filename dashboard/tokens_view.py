@@ -127,9 +127,9 @@ def sample_label(row: dict) -> str:
 def fork_note(config: dict | None, threshold: float | None) -> str:
     """What the outline means for a run: its fork rule (its config's `fork_rule`; a run that records
     none was stored under abs:0.672) and, under a quantile rule, the step's threshold in nats."""
-    from forksight.base.fork_rule import of_config
+    from forksight.base.fork_rule import recorded
 
-    return of_config(config).describe(threshold)
+    return recorded((config or {}).get("fork_rule")).describe(threshold)
 
 
 def legend(scale: TokenScale, fork: str = "fork token (H ≥ threshold)") -> html.Div:

@@ -9,7 +9,7 @@ The default is `top:0.1`, chosen by evidence (issue 50, item 3; docs/probes.md):
 by H has the best F1 of the rules as defined, 0.206 [0.186, 0.225] against abs:0.672's 0.149 [0.126,
 0.172] and top:0.2's 0.135 [0.122, 0.147]; its lift over random holds from the start of training to the
 end (5.8, 5.8, 5.3) where abs:0.672's falls (6.8, 4.6, 2.6) as the model's entropy scale moves. A run
-whose config records no rule was stored under the default of its time, abs:0.672: `of_config` says so."""
+whose config records no rule was stored under the default of its time, abs:0.672: `recorded` says so."""
 from __future__ import annotations
 
 import math
@@ -74,10 +74,9 @@ DEFAULT_FORK_RULE = ForkRule("top", 0.1)
 UNRECORDED_FORK_RULE = ForkRule("abs", FORK_ENTROPY)
 
 
-def of_config(config: dict | None) -> ForkRule:
-    """The rule a stored run's flags were computed under: its config's `fork_rule`, else (not recorded,
-    or unreadable) UNRECORDED_FORK_RULE."""
-    text = (config or {}).get("fork_rule")
+def recorded(text: str | None) -> ForkRule:
+    """The rule a stored run's flags were computed under, from the `fork_rule` its config records (None:
+    not recorded; unreadable likewise): that rule, else UNRECORDED_FORK_RULE."""
     if text is None:
         return UNRECORDED_FORK_RULE
     try:

@@ -184,7 +184,7 @@ class _Rows:
 def _run(args: argparse.Namespace, source) -> int:
     from tqdm.auto import tqdm
 
-    from forksight.base.fork_rule import ForkRule, of_config
+    from forksight.base.fork_rule import ForkRule, recorded
     from forksight.hooks.capture.reference import ReferenceScorer, set_from_rows
     from forksight.hooks.metrics.reference import pattern_scalars
 
@@ -193,7 +193,7 @@ def _run(args: argparse.Namespace, source) -> int:
     with source:
         config = source.run_config(args.run)
         try:
-            rule = ForkRule.parse(args.fork_rule) if args.fork_rule else of_config(config)
+            rule = ForkRule.parse(args.fork_rule) if args.fork_rule else recorded(config.get("fork_rule"))
         except ValueError as exc:
             raise ProbeInputError(str(exc)) from None
         temperature = args.temperature or float(config.get("temperature") or 1.0)
